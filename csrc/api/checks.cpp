@@ -1,0 +1,130 @@
+#include "api/checks.h"
+
+namespace dsv4::api {
+
+std::string shape_str(const Tensor& t) {
+  std::string s = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
+  return s + "]";
+}
+
+void check_dtype(Arg a, const Tensor& t, std::initializer_list<ScalarType> allowed) {
+  std::string names;
+  for (ScalarType s : allowed) {
+    if (t.scalar_type() == s) return;
+    names += (names.empty() ? "" : " or ") + std::string(torch::headeronly::toString(s));
+  }
+  DSV4_CHECK(false, a.op, "argument '", a.name, "' must have dtype ", names, ", got ",
+             torch::headeronly::toString(t.scalar_type()));
+}
+
+void check_dim(Arg a, const Tensor& t, int64_t dim) {
+  DSV4_CHECK(t.dim() == dim, a.op, "argument '", a.name, "' must have ", dim, " dimensions, got shape ", shape_str(t));
+}
+
+void check_size(Arg a, const Tensor& t, int64_t d, int64_t expected) {
+  DSV4_CHECK(t.size(d) == expected, a.op, "argument '", a.name, "' must have size ", expected, " in dimension ", d,
+             ", got shape ", shape_str(t));
+}
+
+void check_last_dim_contiguous(Arg a, const Tensor& t) {
+  DSV4_CHECK(t.dim() == 0 || t.size(t.dim() - 1) <= 1 || t.stride(t.dim() - 1) == 1, a.op, "argument '", a.name,
+             "' must be contiguous in its last dimension, got stride ", t.stride(t.dim() - 1));
+}
+
+void check_contiguous(Arg a, const Tensor& t) {
+  DSV4_CHECK(t.is_contiguous(), a.op, "argument '", a.name, "' must be contiguous (shape ", shape_str(t), ")");
+}
+
+void check_same_device(const char* op, const Tensor& ref, std::initializer_list<std::pair<const char*, const Tensor*>> others) {
+  for (const auto& [name, t] : others) {
+    DSV4_CHECK(t->get_device() == ref.get_device() && t->is_cpu() == ref.is_cpu() && t->is_cuda() == ref.is_cuda(), op,
+               "argument '", name, "' must be on the same device as the other tensors");
+  }
+}
+
+void check_positive(Arg a, int64_t value) {
+  DSV4_CHECK(value > 0, a.op, "argument '", a.name, "' must be positive, got ", value);
+}
+
+DType dtype_of(ScalarType s) {
+  return s == ScalarType::BFloat16 ? DType::bf16 : (s == ScalarType::Half ? DType::f16 : DType::f32);
+}
+
+DType float_dtype(Arg a, const Tensor& t) {
+  check_dtype(a, t, {ScalarType::BFloat16, ScalarType::Half, ScalarType::Float});
+  return dtype_of(t.scalar_type());
+}
+
+IndexView index_view(Arg a, const Tensor& t, int64_t dim) {
+  check_dtype(a, t, {ScalarType::Int, ScalarType::Long});
+  check_dim(a, t, dim);
+  IndexView v;
+  v.data = t.const_data_ptr();
+  v.is_int64 = t.scalar_type() == ScalarType::Long;
+  v.row_stride = t.stride(0);
+  v.col_stride = dim > 1 ? t.stride(1) : 0;
+  return v;
+}
+
+PagedCache paged_cache(Arg a, const Tensor& t, int64_t block_size, int64_t bytes_per_entry) {
+  check_dtype(a, t, {ScalarType::Byte, ScalarType::Char, ScalarType::Float8_e4m3fn});
+  DSV4_CHECK(t.dim() >= 2, a.op, "argument '", a.name, "' must be a paged cache [num_blocks, ...] with at least 2 dimensions, got shape ",
+             shape_str(t));
+  check_positive({a.op, "block_size"}, block_size);
+  int64_t page_bytes = 1, expected_stride = 1;
+  for (int64_t d = t.dim() - 1; d >= 1; --d) {
+    DSV4_CHECK(t.size(d) == 1 || t.stride(d) == expected_stride, a.op, "argument '", a.name,
+               "': dimensions after the first must be contiguous (only stride(0), the page stride, is free)");
+    expected_stride *= t.size(d);
+    page_bytes *= t.size(d);
+  }
+  DSV4_CHECK(page_bytes >= block_size * bytes_per_entry, a.op, "argument '", a.name, "' pages hold ", page_bytes,
+             " bytes but block_size ", block_size, " x ", bytes_per_entry, " bytes per entry needs ", block_size * bytes_per_entry);
+  DSV4_CHECK(t.size(0) <= 1 || t.stride(0) >= page_bytes, a.op, "argument '", a.name, "' page stride ", t.stride(0),
+             " is smaller than the page size ", page_bytes);
+  PagedCache c;
+  c.base = static_cast<uint8_t*>(t.data_ptr());
+  c.num_blocks = t.size(0);
+  c.block_stride = t.stride(0);
+  c.block_size = block_size;
+  return c;
+}
+
+RopeTable rope_table(Arg a, const Tensor& t, int64_t rope_dim) {
+  check_dtype(a, t, {ScalarType::Float});
+  check_dim(a, t, 2);
+  if (rope_dim > 0) check_size(a, t, 1, rope_dim);
+  DSV4_CHECK(t.size(1) % 2 == 0 && t.size(1) > 0, a.op, "argument '", a.name, "' must have an even, positive width (cos | sin), got ",
+             shape_str(t));
+  check_last_dim_contiguous(a, t);
+  RopeTable r;
+  r.data = static_cast<const float*>(t.const_data_ptr());
+  r.rows = t.size(0);
+  r.row_stride = t.stride(0);
+  r.rope_dim = t.size(1);
+  return r;
+}
+
+int64_t index_value(const IndexView& v, int64_t i) {
+  return v.is_int64 ? static_cast<const int64_t*>(v.data)[i * v.row_stride]
+                    : static_cast<const int32_t*>(v.data)[i * v.row_stride];
+}
+
+void check_slots_in_range(Arg a, const IndexView& v, int64_t n, int64_t capacity) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t s = index_value(v, i);
+    DSV4_CHECK(s == -1 || (s >= 0 && s < capacity), a.op, "argument '", a.name, "' entry ", i, " is ", s,
+               "; slots must be -1 (skip) or in [0, ", capacity, ") for this cache");
+  }
+}
+
+void check_values_in_range(Arg a, const IndexView& v, int64_t n, int64_t limit) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t x = index_value(v, i);
+    DSV4_CHECK(x >= 0 && x < limit, a.op, "argument '", a.name, "' entry ", i, " is ", x, "; expected a value in [0, ",
+               limit, ")");
+  }
+}
+
+}  // namespace dsv4::api

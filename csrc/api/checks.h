@@ -1,0 +1,52 @@
+// Argument checks and tensor -> parameter-struct conversions shared by the op bindings.
+// Every failure names the op, the argument, what was expected and what was given.
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string>
+
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+#include <torch/headeronly/util/Exception.h>
+
+#include "common/params.h"
+
+namespace dsv4::api {
+
+using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
+
+#define DSV4_CHECK(cond, op, ...) STD_TORCH_CHECK((cond), "dsv4::", op, ": ", __VA_ARGS__)
+
+// Describes one argument in messages: "argument 'name' of dsv4::op".
+struct Arg {
+  const char* op;
+  const char* name;
+};
+
+std::string shape_str(const Tensor& t);
+void check_dtype(Arg a, const Tensor& t, std::initializer_list<ScalarType> allowed);
+void check_dim(Arg a, const Tensor& t, int64_t dim);
+void check_size(Arg a, const Tensor& t, int64_t d, int64_t expected);
+void check_last_dim_contiguous(Arg a, const Tensor& t);
+void check_contiguous(Arg a, const Tensor& t);
+void check_same_device(const char* op, const Tensor& ref, std::initializer_list<std::pair<const char*, const Tensor*>> others);
+void check_positive(Arg a, int64_t value);
+
+DType float_dtype(Arg a, const Tensor& t);  // bf16 / f16 / f32
+DType dtype_of(ScalarType s);
+IndexView index_view(Arg a, const Tensor& t, int64_t dim);  // int32/int64 of the given rank
+// uint8/int8/fp8 cache of any rank >= 2 whose pages are stride(0) apart; checks page capacity.
+PagedCache paged_cache(Arg a, const Tensor& t, int64_t block_size, int64_t bytes_per_entry);
+RopeTable rope_table(Arg a, const Tensor& t, int64_t rope_dim);
+
+// CPU only: entry i of a rank-1 index view.
+int64_t index_value(const IndexView& v, int64_t i);
+// CPU only (reads the values): every entry of a rank-1 index tensor is -1 or in [0, capacity).
+void check_slots_in_range(Arg a, const IndexView& v, int64_t n, int64_t capacity);
+// CPU only: every entry of a rank-1 index tensor is in [0, limit).
+void check_values_in_range(Arg a, const IndexView& v, int64_t n, int64_t limit);
+
+}  // namespace dsv4::api

@@ -1,0 +1,141 @@
+// Plain parameter structs handed from the torch-facing layer to the kernels.
+// Pure data (no functions): the same header is seen by every ISA tier and the CUDA tier.
+#pragma once
+#include <cstdint>
+
+namespace dsv4 {
+
+enum class DType : int32_t { f32, bf16, f16 };
+
+// Read-only view of int32 or int64 indices: element (r, c) at data[r * row_stride + c * col_stride].
+struct IndexView {
+  const void* data = nullptr;
+  bool is_int64 = true;
+  int64_t row_stride = 0;
+  int64_t col_stride = 1;
+};
+
+// Paged byte cache: page b starts at base + b * block_stride; block_size entries per page.
+struct PagedCache {
+  uint8_t* base = nullptr;
+  int64_t num_blocks = 0;
+  int64_t block_stride = 0;
+  int64_t block_size = 0;
+};
+
+// fp32 RoPE table [rows, rope_dim]: cos in [0, rope_dim/2), sin in [rope_dim/2, rope_dim).
+struct RopeTable {
+  const float* data = nullptr;
+  int64_t rows = 0;
+  int64_t row_stride = 0;
+  int64_t rope_dim = 0;
+};
+
+// fp32 compressor state rows: entry (block, offset) at base + block*block_stride + offset*row_stride.
+struct StateCache {
+  float* base = nullptr;
+  int64_t num_blocks = 0;
+  int64_t block_size = 0;
+  int64_t block_stride = 0;
+  int64_t row_stride = 0;
+  int64_t row_width = 0;
+};
+
+enum class KvLayout : int32_t { model1, v32 };
+
+struct QNormRopeKvInsertParams {
+  const void* q = nullptr;  // [num_tokens, num_heads, 512]
+  DType dtype = DType::bf16;  // of q, kv and q_out
+  int64_t num_tokens = 0, num_heads = 0, q_stride_t = 0, q_stride_h = 0;
+  void* q_out = nullptr;  // contiguous [num_tokens, padded_heads, 512]
+  int64_t padded_heads = 0;
+  const void* kv = nullptr;  // [num_kv_tokens, 512]
+  int64_t num_kv_tokens = 0, kv_stride_t = 0;
+  IndexView positions;  // [num_tokens]
+  IndexView slots;  // [num_kv_tokens]
+  RopeTable rope;
+  PagedCache cache;  // MODEL1
+  float eps = 1e-6f;
+};
+
+struct IndexerQRopeQuantParams {
+  const void* q = nullptr;  // [num_tokens, num_heads, 128]
+  DType dtype = DType::f32;
+  int64_t num_tokens = 0, num_heads = 0, q_stride_t = 0, q_stride_h = 0;
+  IndexView positions;
+  RopeTable rope;
+  const float* weights = nullptr;  // [num_tokens, num_heads], row stride w_stride_t
+  int64_t w_stride_t = 0;
+  float softmax_scale = 1.0f, head_scale = 1.0f;  // folded into weights_out with the q scale
+  uint8_t* q_fp8 = nullptr;  // contiguous [num_tokens, num_heads, 128]
+  float* weights_out = nullptr;  // contiguous [num_tokens, num_heads]
+};
+
+struct SavePartialStatesParams {
+  const float* kv = nullptr;  // [num_tokens, width], row stride kv_stride
+  const float* score = nullptr;  // [num_tokens, width], row stride score_stride
+  int64_t kv_stride = 0, score_stride = 0;
+  const float* ape = nullptr;  // contiguous [ratio, width]
+  int64_t ratio = 0, width = 0, num_tokens = 0;
+  IndexView positions, slots;
+  StateCache state;  // rows of 2 * width
+};
+
+struct CompressNormRopeStoreParams {
+  StateCache state;  // read only
+  IndexView gather_slots;  // [num_tokens, window]
+  int64_t window = 0;  // coff * ratio
+  IndexView positions, kv_slots;
+  const float* norm_weight = nullptr;  // [head_dim]
+  float eps = 1e-6f;
+  RopeTable rope;
+  PagedCache cache;  // MODEL1 (head_dim 512) or indexer K (head_dim 128)
+  int64_t ratio = 0, head_dim = 0, coff = 1, num_tokens = 0;
+};
+
+struct QuantizeKvInsertParams {
+  const void* kv = nullptr;  // [num_tokens, head_dim]
+  DType dtype = DType::bf16;
+  int64_t num_tokens = 0, kv_stride = 0;
+  KvLayout layout = KvLayout::model1;
+  IndexView slots;
+  PagedCache cache;
+};
+
+struct DequantizeKvGatherParams {
+  PagedCache cache;  // read only
+  KvLayout layout = KvLayout::model1;
+  IndexView slots;  // flat [num_slots]
+  int64_t num_slots = 0;
+  uint16_t* out = nullptr;  // contiguous bf16 [num_slots, head_dim]
+};
+
+struct IndexerKQuantInsertParams {
+  const void* k = nullptr;  // [num_tokens, 128]
+  DType dtype = DType::bf16;
+  int64_t num_tokens = 0, k_stride = 0;
+  IndexView slots;
+  PagedCache cache;  // indexer K layout
+};
+
+struct MapLocalToGlobalSlotsParams {
+  IndexView local;  // [rows, cols]
+  int64_t rows = 0, cols = 0;
+  IndexView req_ids;  // [rows]
+  IndexView block_table;  // [num_reqs, max_blocks]
+  int64_t num_reqs = 0, max_blocks = 0, block_size = 0;
+  void* out = nullptr;  // contiguous [rows, cols], same index dtype as local
+  bool out_is_int64 = true;
+};
+
+struct InverseRopeParams {
+  const void* o = nullptr;  // [num_tokens, num_heads, head_dim]
+  DType dtype = DType::bf16;
+  int64_t num_tokens = 0, num_heads = 0, head_dim = 0, o_stride_t = 0, o_stride_h = 0;
+  IndexView positions;
+  RopeTable rope;
+  void* out = nullptr;  // contiguous [num_tokens, num_heads, head_dim]
+  DType out_dtype = DType::f32;
+};
+
+}  // namespace dsv4

@@ -1,0 +1,67 @@
+// Compressor: state rows [kv | score + ape] per raw token, then the softmax-pooled, normalized,
+// rotated and quantized compressed entry written by the last token of each group.
+
+inline float* state_row(const StateCache& s, int64_t slot) {
+  if (slot < 0 || slot >= s.num_blocks * s.block_size) return nullptr;
+  return s.base + (slot / s.block_size) * s.block_stride + (slot % s.block_size) * s.row_stride;
+}
+
+inline void save_partial_states(const SavePartialStatesParams& p) {
+  parallel(p.num_tokens, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      float* dst = state_row(p.state, index_at(p.slots, t));
+      if (!dst) continue;
+      const float* ape = p.ape + (index_at(p.positions, t) % p.ratio) * p.width;
+      const float* kv = p.kv + t * p.kv_stride;
+      const float* score = p.score + t * p.score_stride;
+      std::memcpy(dst, kv, p.width * sizeof(float));
+      for (int64_t d = 0; d < p.width; ++d) dst[p.width + d] = score[d] + ape[d];
+    }
+  });
+}
+
+constexpr int64_t kMaxCompressHeadDim = 512;
+
+inline void compress_norm_rope_store(const CompressNormRopeStoreParams& p) {
+  const int64_t dim = p.head_dim, width = p.coff * p.head_dim;
+  parallel(p.num_tokens, 1, [&](int64_t begin, int64_t end) {
+    float acc[kMaxCompressHeadDim], denom[kMaxCompressHeadDim], run_max[kMaxCompressHeadDim];
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t pos = index_at(p.positions, t);
+      if ((pos + 1) % p.ratio != 0) continue;
+      int64_t off;
+      uint8_t* page = slot_page(p.cache, index_at(p.kv_slots, t), &off);
+      if (!page) continue;
+      // Online per-channel softmax over the window rows; row w uses projection half w / ratio.
+      for (int64_t d = 0; d < dim; ++d) acc[d] = 0.0f, denom[d] = 0.0f, run_max[d] = -INFINITY;
+      bool any = false;
+      for (int64_t w = 0; w < p.window; ++w) {
+        const float* row = state_row(p.state, index_at(p.gather_slots, t, w));
+        if (!row) continue;
+        any = true;
+        const float* kv = row + (w / p.ratio) * dim;
+        const float* score = kv + width;
+        for (int64_t d = 0; d < dim; ++d) {
+          const float m = score[d] > run_max[d] ? score[d] : run_max[d];
+          const float rescale = std::exp(run_max[d] - m), weight = std::exp(score[d] - m);
+          acc[d] = acc[d] * rescale + weight * kv[d];
+          denom[d] = denom[d] * rescale + weight;
+          run_max[d] = m;
+        }
+      }
+      if (!any) continue;  // no state row to pool: nothing is written
+      for (int64_t d = 0; d < dim; ++d) acc[d] /= denom[d];
+      const float inv_rms = 1.0f / std::sqrt(sum_squares(acc, dim) / float(dim) + p.eps);
+      for (int64_t d = 0; d < dim; ++d) acc[d] = acc[d] * inv_rms * p.norm_weight[d];
+      const int64_t rope_start = dim - p.rope.rope_dim;
+      rope_rotate(acc + rope_start, p.rope, (pos / p.ratio) * p.ratio, 1.0f);
+      if (dim == kIndexerDim) {
+        for (int64_t d = 0; d < dim; ++d) acc[d] = round_bf16(acc[d]);
+        indexer_k_store(page, p.cache.block_size, off, acc);
+      } else {
+        for (int64_t d = 0; d < kModel1NopeDim; ++d) acc[d] = round_bf16(acc[d]);
+        model1_store(page, p.cache.block_size, off, acc, acc + kModel1NopeDim);
+      }
+    }
+  });
+}

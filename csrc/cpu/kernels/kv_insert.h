@@ -1,0 +1,88 @@
+// KV-cache writers: generic MODEL1/V32 insert and gather, the fused SWA insert, indexer K insert.
+
+inline int64_t dtype_bytes(DType d) { return d == DType::f32 ? 4 : 2; }
+
+inline void quantize_kv_insert(const QuantizeKvInsertParams& p) {
+  const int64_t dim = p.layout == KvLayout::model1 ? kModel1NopeDim + kModel1RopeDim : kV32NopeDim + kV32RopeDim;
+  parallel(p.num_tokens, 16, [&](int64_t begin, int64_t end) {
+    float row[kV32NopeDim + kV32RopeDim];
+    for (int64_t t = begin; t < end; ++t) {
+      int64_t off;
+      uint8_t* page = slot_page(p.cache, index_at(p.slots, t), &off);
+      if (!page) continue;
+      const void* src = static_cast<const char*>(p.kv) + t * p.kv_stride * dtype_bytes(p.dtype);
+      for (int64_t i = 0; i < dim; ++i) row[i] = round_bf16(load_as_f32(src, p.dtype, i));
+      if (p.layout == KvLayout::model1) model1_store(page, p.cache.block_size, off, row, row + kModel1NopeDim);
+      else v32_store(page, off, row);
+    }
+  });
+}
+
+inline void dequantize_kv_gather(const DequantizeKvGatherParams& p) {
+  const int64_t dim = p.layout == KvLayout::model1 ? kModel1NopeDim + kModel1RopeDim : kV32NopeDim + kV32RopeDim;
+  parallel(p.num_slots, 16, [&](int64_t begin, int64_t end) {
+    float row[kV32NopeDim + kV32RopeDim];
+    for (int64_t s = begin; s < end; ++s) {
+      int64_t off;
+      const uint8_t* page = slot_page(p.cache, index_at(p.slots, s), &off);
+      uint16_t* dst = p.out + s * dim;
+      if (!page) {
+        std::memset(dst, 0, dim * sizeof(uint16_t));
+        continue;
+      }
+      if (p.layout == KvLayout::model1) model1_load(page, p.cache.block_size, off, row);
+      else v32_load(page, off, row);
+      for (int64_t i = 0; i < dim; ++i) dst[i] = f32_to_bf16(row[i]);
+    }
+  });
+}
+
+inline void qnorm_rope_kv_insert(const QNormRopeKvInsertParams& p) {
+  constexpr int64_t dim = kModel1NopeDim + kModel1RopeDim;
+  const int64_t esize = dtype_bytes(p.dtype);
+  // Q: weight-free RMSNorm over 512 dims, RoPE on the last 64; padded heads are zero.
+  parallel(p.num_tokens * p.padded_heads, 16, [&](int64_t begin, int64_t end) {
+    float row[dim];
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t t = i / p.padded_heads, h = i % p.padded_heads;
+      char* dst = static_cast<char*>(p.q_out) + i * dim * esize;
+      if (h >= p.num_heads) {
+        std::memset(dst, 0, dim * esize);
+        continue;
+      }
+      load_row_f32(static_cast<const char*>(p.q) + (t * p.q_stride_t + h * p.q_stride_h) * esize, p.dtype, dim, row);
+      const float inv_rms = 1.0f / std::sqrt(sum_squares(row, dim) / float(dim) + p.eps);
+      for (int64_t d = 0; d < dim; ++d) row[d] *= inv_rms;
+      rope_rotate(row + kModel1NopeDim, p.rope, index_at(p.positions, t), 1.0f);
+      for (int64_t d = 0; d < dim; ++d) store_from_f32(dst, p.dtype, d, row[d]);
+    }
+  });
+  // KV: RoPE on the last 64 dims, then MODEL1 quantize + insert.
+  parallel(p.num_kv_tokens, 16, [&](int64_t begin, int64_t end) {
+    float row[dim];
+    for (int64_t t = begin; t < end; ++t) {
+      int64_t off;
+      uint8_t* page = slot_page(p.cache, index_at(p.slots, t), &off);
+      if (!page) continue;
+      load_row_f32(static_cast<const char*>(p.kv) + t * p.kv_stride_t * esize, p.dtype, dim, row);
+      for (int64_t d = 0; d < kModel1NopeDim; ++d) row[d] = round_bf16(row[d]);
+      rope_rotate(row + kModel1NopeDim, p.rope, index_at(p.positions, t), 1.0f);
+      model1_store(page, p.cache.block_size, off, row, row + kModel1NopeDim);
+    }
+  });
+}
+
+inline void indexer_k_quant_insert(const IndexerKQuantInsertParams& p) {
+  const int64_t esize = dtype_bytes(p.dtype);
+  parallel(p.num_tokens, 64, [&](int64_t begin, int64_t end) {
+    float row[kIndexerDim];
+    for (int64_t t = begin; t < end; ++t) {
+      int64_t off;
+      uint8_t* page = slot_page(p.cache, index_at(p.slots, t), &off);
+      if (!page) continue;
+      load_row_f32(static_cast<const char*>(p.k) + t * p.k_stride * esize, p.dtype, kIndexerDim, row);
+      for (int64_t d = 0; d < kIndexerDim; ++d) row[d] = round_bf16(row[d]);
+      indexer_k_store(page, p.cache.block_size, off, row);
+    }
+  });
+}

@@ -1,0 +1,204 @@
+// Scalar and vector numerics shared by the CPU kernels of one tier (included inside the
+// tier's namespace by cpu/tier.inc; no includes here).
+
+constexpr float kFp8Max = 448.0f;
+constexpr float kScaleFloor = 1e-4f;  // MODEL1/V32 tiles: floor of amax / 448
+constexpr float kIndexerAmaxFloor = 1e-4f;  // indexer K/Q: floor of amax
+constexpr float kFp8MinNormal = 0.015625f;  // 2^-6
+
+inline uint32_t f32_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float bits_f32(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline float bf16_to_f32(uint16_t h) { return bits_f32(uint32_t(h) << 16); }
+inline uint16_t f32_to_bf16(float f) {  // round to nearest even, NaN stays NaN
+  uint32_t u = f32_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+inline float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  if (exp == 0) return bits_f32(sign) + (sign ? -1.0f : 1.0f) * std::ldexp(float(man), -24);
+  if (exp == 31) return bits_f32(sign | 0x7f800000u | (man << 13));
+  return bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
+}
+inline uint16_t f32_to_f16(float f) {  // round to nearest even
+  const uint32_t u = f32_bits(f);
+  const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
+  const float a = std::fabs(f);
+  if (std::isnan(f)) return uint16_t(sign | 0x7e00u);
+  if (a >= 65520.0f) return uint16_t(sign | 0x7c00u);
+  if (a < 6.103515625e-05f) return uint16_t(sign | uint16_t(std::nearbyint(a * 16777216.0f)));
+  uint32_t b = f32_bits(a);
+  b += 0xfffu + ((b >> 13) & 1u);
+  return uint16_t(sign | uint16_t((b >> 13) - (112u << 10)));
+}
+
+inline float load_as_f32(const void* p, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+inline void store_from_f32(void* p, DType dtype, int64_t i, float v) {
+  switch (dtype) {
+    case DType::bf16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(v); break;
+    case DType::f16: static_cast<uint16_t*>(p)[i] = f32_to_f16(v); break;
+    default: static_cast<float*>(p)[i] = v;
+  }
+}
+inline void load_row_f32(const void* p, DType dtype, int64_t n, float* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = load_as_f32(p, dtype, i);
+}
+
+inline int64_t index_at(const IndexView& v, int64_t row, int64_t col = 0) {
+  const int64_t i = row * v.row_stride + col * v.col_stride;
+  return v.is_int64 ? static_cast<const int64_t*>(v.data)[i] : static_cast<const int32_t*>(v.data)[i];
+}
+
+// Exact ceil(log2(x)) for finite x > 0.
+inline int ceil_log2(float x) {
+  int e;
+  const float m = std::frexp(x, &e);  // x = m * 2^e, m in [0.5, 1)
+  return m == 0.5f ? e - 1 : e;
+}
+
+// Scale exponent of a MODEL1/V32 tile: ceil(log2(max(amax / 448, 1e-4))).
+inline int tile_exponent(float amax) {
+  const float q = amax / kFp8Max;
+  return ceil_log2(q > kScaleFloor ? q : kScaleFloor);
+}
+// Scale exponent of an indexer K/Q vector: ceil(log2(max(amax, 1e-4) / 448)).
+inline int indexer_exponent(float amax) {
+  return ceil_log2((amax > kIndexerAmaxFloor ? amax : kIndexerAmaxFloor) / kFp8Max);
+}
+
+// fp32 -> e4m3fn, round to nearest even, saturating at +-448, subnormals kept.
+inline uint8_t f32_to_e4m3(float x) {
+  const uint32_t sign = (f32_bits(x) >> 24) & 0x80u;
+  float a = std::fabs(x);
+  a = a < kFp8Max ? a : kFp8Max;
+  uint32_t code;
+  if (a < kFp8MinNormal) {
+    code = uint32_t(std::nearbyint(a * 512.0f));  // multiples of 2^-9; 8 is the smallest normal
+  } else {
+    uint32_t b = f32_bits(a);
+    b += 0x7ffffu + ((b >> 20) & 1u);
+    code = (b >> 20) - (120u << 3);
+  }
+  return uint8_t(sign | code);
+}
+
+inline float e4m3_to_f32(uint8_t c) {
+  const uint32_t exp = (c >> 3) & 0xfu, man = c & 7u;
+  float v;
+  if (exp == 0) v = std::ldexp(float(man), -9);
+  else if (exp == 15 && man == 7) v = NAN;
+  else v = std::ldexp(float(8u + man), int(exp) - 10);
+  return (c & 0x80u) ? -v : v;
+}
+
+inline float abs_max(const float* x, int64_t n) {
+  int64_t i = 0;
+  float m = 0.0f;
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  for (; i + 16 <= n; i += 16) acc = _mm512_max_ps(acc, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+  m = _mm512_reduce_max_ps(acc);
+#elif defined(__AVX2__)
+  const __m256 mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) acc = _mm256_max_ps(acc, _mm256_and_ps(mask, _mm256_loadu_ps(x + i)));
+  float lanes[8];
+  _mm256_storeu_ps(lanes, acc);
+  for (float l : lanes) m = l > m ? l : m;
+#endif
+  for (; i < n; ++i) m = std::fabs(x[i]) > m ? std::fabs(x[i]) : m;
+  return m;
+}
+
+inline float sum_squares(const float* x, int64_t n) {
+  int64_t i = 0;
+  float s = 0.0f;
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    acc = _mm512_fmadd_ps(v, v, acc);
+  }
+  s = _mm512_reduce_add_ps(acc);
+#elif defined(__AVX2__)
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes, acc);
+  for (float l : lanes) s += l;
+#endif
+  for (; i < n; ++i) s += x[i] * x[i];
+  return s;
+}
+
+#if defined(__AVX512F__)
+// 16 lanes of f32_to_e4m3 (bit-identical to the scalar encoder).
+inline __m128i e4m3_encode16(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80));
+  const __m512 a = _mm512_min_ps(_mm512_abs_ps(x), _mm512_set1_ps(kFp8Max));
+  const __m512i sub = _mm512_cvtps_epi32(_mm512_roundscale_ps(
+      _mm512_mul_ps(a, _mm512_set1_ps(512.0f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  __m512i b = _mm512_castps_si512(a);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 20), _mm512_set1_epi32(1));
+  b = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7ffff), lsb));
+  const __m512i norm = _mm512_sub_epi32(_mm512_srli_epi32(b, 20), _mm512_set1_epi32(120 << 3));
+  const __mmask16 is_sub = _mm512_cmp_ps_mask(a, _mm512_set1_ps(kFp8MinNormal), _CMP_LT_OQ);
+  const __m512i code = _mm512_or_si512(_mm512_mask_blend_epi32(is_sub, norm, sub), sign);
+  return _mm512_cvtepi32_epi8(code);
+}
+#endif
+
+// out[i] = e4m3(x[i] * mult) for i < n.
+inline void encode_e4m3_scaled(const float* x, float mult, int64_t n, uint8_t* out) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 m = _mm512_set1_ps(mult);
+  for (; i + 16 <= n; i += 16)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), e4m3_encode16(_mm512_mul_ps(_mm512_loadu_ps(x + i), m)));
+#endif
+  for (; i < n; ++i) out[i] = f32_to_e4m3(x[i] * mult);
+}
+
+// GPT-J (interleaved) rotation of x[0:rope_dim] in place at table row pos; sign -1 inverts it.
+inline void rope_rotate(float* x, const RopeTable& rope, int64_t pos, float sign) {
+  const int64_t half = rope.rope_dim / 2;
+  const float* cos_row = rope.data + pos * rope.row_stride;
+  const float* sin_row = cos_row + half;
+  for (int64_t i = 0; i < half; ++i) {
+    const float c = cos_row[i], s = sign * sin_row[i];
+    const float e = x[2 * i], o = x[2 * i + 1];
+    x[2 * i] = e * c - o * s;
+    x[2 * i + 1] = e * s + o * c;
+  }
+}
+
+// Run f(begin, end) over [0, n) on torch's intra-op pool.
+template <class F>
+inline void parallel(int64_t n, int64_t grain, const F& f) {
+  if (n <= 0) return;
+  auto trampoline = [](void* ctx, int64_t b, int64_t e) { (*static_cast<const F*>(ctx))(b, e); };
+  dsv4::cpu::parallel_for(0, n, grain, trampoline, const_cast<F*>(&f));
+}

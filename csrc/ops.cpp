@@ -1,0 +1,66 @@
+// The public op contract: every dsv4 schema, in one place. Schemas are API: never change one
+// in place; add a new op or overload. Kernels register per device in csrc/api/*.cpp.
+#include <Python.h>
+
+#include <string>
+
+#include <torch/csrc/stable/library.h>
+
+#include "cpu/isa_select.h"
+
+STABLE_TORCH_LIBRARY(dsv4, m) {
+  // ---- KV-cache writers and helpers ----
+  m.def("qnorm_rope_kv_insert(Tensor q, Tensor kv, Tensor positions, Tensor cos_sin_cache, Tensor slot_mapping, "
+        "Tensor(a!) kv_cache, int block_size, float eps, Tensor(b!) q_out) -> ()");
+  m.def("indexer_q_rope_quant(Tensor q, Tensor positions, Tensor cos_sin_cache, Tensor weights, float softmax_scale, "
+        "float head_scale, Tensor(a!) q_fp8, Tensor(b!) weights_out) -> ()");
+  m.def("save_partial_states(Tensor kv, Tensor score, Tensor ape, Tensor positions, Tensor(a!) state_cache, "
+        "Tensor slot_mapping) -> ()");
+  m.def("compress_norm_rope_store(Tensor state_cache, Tensor gather_slots, Tensor positions, Tensor kv_slot_mapping, "
+        "Tensor rms_norm_weight, float rms_norm_eps, Tensor cos_sin_cache, Tensor(a!) kv_cache, int block_size, "
+        "int compress_ratio) -> ()");
+  m.def("compress_norm_rope_store_indexer(Tensor state_cache, Tensor gather_slots, Tensor positions, "
+        "Tensor kv_slot_mapping, Tensor rms_norm_weight, float rms_norm_eps, Tensor cos_sin_cache, Tensor(a!) kv_cache, "
+        "int block_size, int compress_ratio) -> ()");
+  m.def("quantize_kv_insert(Tensor kv, Tensor slot_mapping, Tensor(a!) kv_cache, int block_size) -> ()");
+  m.def("dequantize_kv_gather(Tensor kv_cache, Tensor slots, int block_size, int head_dim) -> Tensor");
+  m.def("indexer_k_quant_insert(Tensor k, Tensor slot_mapping, Tensor(a!) kv_cache, int block_size) -> ()");
+  m.def("map_local_to_global_slots(Tensor local_indices, Tensor req_ids, Tensor block_table, int block_size) -> Tensor");
+  m.def("inverse_rope(Tensor o, Tensor positions, Tensor cos_sin_cache, Tensor(a!) out) -> ()");
+  // ---- lightning indexer ----
+  m.def("fp8_paged_mqa_logits(Tensor q, Tensor kv_cache, Tensor weights, Tensor context_lens, Tensor block_table, "
+        "int block_size, int max_context_len, bool clean_logits, Tensor? schedule_meta=None) -> Tensor");
+  m.def("fp8_mqa_logits(Tensor q, Tensor k, Tensor k_scale, Tensor weights, Tensor ks, Tensor ke, "
+        "bool clean_logits) -> Tensor");
+  m.def("topk_transform(Tensor scores, Tensor lengths, Tensor? row_starts, Tensor? page_table, int page_size, "
+        "Tensor(a!) raw_indices, Tensor(b!)? slot_indices) -> ()");
+  // ---- sparse MLA attention ----
+  m.def("sparse_mla_decode(Tensor q, Tensor kv_cache, Tensor indices, Tensor? topk_length, Tensor? attn_sink, "
+        "Tensor? extra_kv_cache, Tensor? extra_indices, Tensor? extra_topk_length, int block_size, "
+        "int extra_block_size, int head_dim_v, float sm_scale, Tensor? tile_scheduler_metadata=None, "
+        "Tensor? num_splits=None) -> (Tensor, Tensor)");
+  m.def("sparse_mla_prefill(Tensor q, Tensor kv, Tensor indices, float sm_scale, int head_dim_v, Tensor? attn_sink, "
+        "Tensor? topk_length) -> (Tensor, Tensor, Tensor)");
+  // ---- build and CPU-tier information ----
+  m.def("cpu_isa() -> str");
+  m.def("supported_cpu_isas() -> str");
+  m.def("_set_cpu_isa(str isa) -> str");
+}
+
+namespace {
+std::string cpu_isa() { return dsv4::cpu::kernels().isa_name; }
+std::string supported_cpu_isas() { return dsv4::cpu::supported_isas(); }
+std::string set_cpu_isa(std::string isa) { return dsv4::cpu::set_isa(isa).isa_name; }
+}  // namespace
+
+STABLE_TORCH_LIBRARY_IMPL(dsv4, CompositeExplicitAutograd, m) {
+  m.impl("cpu_isa", TORCH_BOX(&cpu_isa));
+  m.impl("supported_cpu_isas", TORCH_BOX(&supported_cpu_isas));
+  m.impl("_set_cpu_isa", TORCH_BOX(&set_cpu_isa));
+}
+
+// `import dsv4._C` loads this library (and so registers the ops); it exposes no Python names.
+PyMODINIT_FUNC PyInit__C(void) {
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, 0, nullptr, nullptr, nullptr, nullptr, nullptr};
+  return PyModule_Create(&module);
+}

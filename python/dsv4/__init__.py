@@ -1,0 +1,52 @@
+"""dsv4: DeepSeek-V4 sparse attention kernels as ``torch.ops.dsv4.*`` custom ops.
+
+Importing the package loads the CPU library (``dsv4._C``, always present) and, when it was
+built and the local torch has CUDA, the CUDA library (``dsv4._C_cuda``). Typed wrappers with
+shapes and dtypes are in :mod:`dsv4.ops`; the executable specification is :mod:`dsv4.reference`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from . import _C  # noqa: F401  (registers the schemas and the CPU kernels)
+from ._version import __version__
+
+_cuda_load_error: str | None = None
+try:
+    importlib.import_module("dsv4._C_cuda")
+except ImportError as exc:  # CPU-only build or CPU-only torch
+    _cuda_load_error = str(exc)
+
+from . import ops  # noqa: E402  (fake kernels and reference-backed CPU ops)
+from .ops import REFERENCE_BACKED_CPU_OPS  # noqa: E402
+
+
+def cuda_available() -> bool:
+    """True when the CUDA kernels were built and loaded."""
+    return _cuda_load_error is None
+
+
+def cpu_isa() -> str:
+    """The CPU tier that runs the kernels: amx, avx512, avx2 or generic."""
+    return torch.ops.dsv4.cpu_isa()
+
+
+def build_info() -> dict:
+    """Version, torch, compiled and selected CPU tiers, threads, CUDA presence, reference-backed ops."""
+    return {
+        "version": __version__,
+        "torch": torch.__version__,
+        "compiled_cpu_isas": ["amx", "avx512", "avx2", "generic"],
+        "supported_cpu_isas": torch.ops.dsv4.supported_cpu_isas().split(","),
+        "selected_cpu_isa": cpu_isa(),
+        "num_threads": torch.get_num_threads(),
+        "cuda_kernels": cuda_available(),
+        "cuda_load_error": _cuda_load_error,
+        "reference_backed_cpu_ops": sorted(REFERENCE_BACKED_CPU_OPS),
+    }
+
+
+__all__ = ["__version__", "build_info", "cpu_isa", "cuda_available", "ops"]

@@ -1,0 +1,31 @@
+"""Numbers that matter, named once (layouts, quantization, model geometry)."""
+
+FP8_MAX = 448.0  # largest finite e4m3fn magnitude
+SCALE_FLOOR = 1e-4  # MODEL1/V32 tiles: floor of amax/448 before the power-of-two ceiling
+INDEXER_AMAX_FLOOR = 1e-4  # indexer K/Q: floor of amax before the power-of-two ceiling
+
+CACHE_ALIGNMENT = 576  # page byte sizes are rounded up to a multiple of this
+
+# MODEL1 ("fp8_ds_mla", DSv4) KV cache entry
+MODEL1_HEAD_DIM = 512
+MODEL1_NOPE_DIM = 448
+MODEL1_ROPE_DIM = 64
+MODEL1_TILE = 64
+MODEL1_DATA_BYTES = 576  # 448 e4m3 + 64 bf16
+MODEL1_SCALE_BYTES = 8  # 7 UE8M0 + 1 pad
+MODEL1_BYTES_PER_TOKEN = 584
+
+# V32 (DeepSeek-V3.2 FlashMLA) KV cache entry
+V32_HEAD_DIM = 576
+V32_NOPE_DIM = 512
+V32_ROPE_DIM = 64
+V32_TILE = 128
+V32_BYTES_PER_TOKEN = 656  # 512 e4m3 + 4 fp32 + 64 bf16
+
+# Indexer K cache entry
+INDEXER_HEAD_DIM = 128
+INDEXER_ROPE_DIM = 64
+INDEXER_K_BYTES_PER_ENTRY = 132  # 128 e4m3 + fp32 scale
+
+ROPE_DIM = 64
+SLIDING_WINDOW = 128

@@ -1,0 +1,364 @@
+"""Typed wrappers of ``torch.ops.dsv4.*`` with their fake (meta) kernels.
+
+Conventions used by every op:
+- Paged caches are byte tensors (uint8, int8 or float8_e4m3fn) of shape ``[num_blocks, ...]``
+  whose trailing dims are contiguous; only ``stride(0)`` (the page stride) is free, so 2-D
+  ``[num_blocks, page_bytes]`` views and FlashMLA's ``[num_blocks, block_size, 1, bytes]`` views
+  both work. ``block_size`` is the number of entries per page.
+- Slot ids are ``physical_block * block_size + offset``; -1 means "skip". Writers raise on any
+  other value outside the cache; readers treat it as invalid.
+- Index tensors may be int32 or int64. RoPE tables are fp32 ``[max_position, 64]`` with cos in
+  the first 32 columns and sin in the last 32 (GPT-J interleaved pairs).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .constants import INDEXER_HEAD_DIM, MODEL1_HEAD_DIM
+from .reference import attention as _ref_attention
+from .reference import indexer as _ref_indexer
+
+_ops = torch.ops.dsv4
+
+# Ops whose CPU implementation is, for now, the pure-PyTorch reference.
+REFERENCE_BACKED_CPU_OPS = frozenset(
+    {"fp8_paged_mqa_logits", "fp8_mqa_logits", "topk_transform", "sparse_mla_decode", "sparse_mla_prefill"}
+)
+
+# ---------------------------------------------------------------------------------------------
+# KV-cache writers and helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def qnorm_rope_kv_insert(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_size: int,
+    eps: float = 1e-6,
+    *,
+    padded_heads: int | None = None,
+    q_out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-head weight-free RMSNorm + RoPE of q; RoPE + MODEL1 quantize + insert of kv.
+
+    q: bf16/fp16/fp32 ``[T, H, 512]`` (last dim contiguous). kv: same dtype ``[>= T_ins, 512]``.
+    positions: ``[T]``. slot_mapping: ``[T_ins]`` (T_ins <= T) SWA-cache slots, -1 skips.
+    kv_cache: MODEL1 pages (584 B per entry). Returns q_out ``[T, padded_heads, 512]`` (heads
+    past H are exactly 0); pass ``q_out`` to write into a preallocated contiguous buffer.
+    """
+    if q_out is None:
+        heads = q.shape[1] if padded_heads is None else padded_heads
+        q_out = q.new_empty(q.shape[0], heads, q.shape[2])
+    _ops.qnorm_rope_kv_insert(q, kv, positions, cos_sin_cache, slot_mapping, kv_cache, block_size, eps, q_out)
+    return q_out
+
+
+def indexer_q_rope_quant(
+    q: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    weights: torch.Tensor,
+    softmax_scale: float = INDEXER_HEAD_DIM**-0.5,
+    head_scale: float | None = None,
+    *,
+    q_fp8: torch.Tensor | None = None,
+    weights_out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indexer q: RoPE on dims [64, 128) (rounded to bf16), per-(token, head) power-of-two fp8 quant.
+
+    q: bf16/fp16/fp32 ``[T, H, 128]``; weights fp32 ``[T, H]``. Returns ``(q_fp8 [T, H, 128]
+    float8_e4m3fn, weights_out [T, H] fp32)`` with ``weights_out = weights * q_scale *
+    softmax_scale * head_scale``; head_scale defaults to ``H ** -0.5``.
+    """
+    if head_scale is None:
+        head_scale = q.shape[1] ** -0.5
+    if q_fp8 is None:
+        q_fp8 = torch.empty(q.shape, dtype=torch.float8_e4m3fn, device=q.device)
+    if weights_out is None:
+        weights_out = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+    _ops.indexer_q_rope_quant(q, positions, cos_sin_cache, weights, softmax_scale, head_scale, q_fp8, weights_out)
+    return q_fp8, weights_out
+
+
+def save_partial_states(
+    kv: torch.Tensor,
+    score: torch.Tensor,
+    ape: torch.Tensor,
+    positions: torch.Tensor,
+    state_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Compressor state rows: ``state[slot] = [kv[t] | score[t] + ape[positions[t] % R]]``.
+
+    kv, score: fp32 ``[T, W]`` (last dim contiguous); ape: fp32 ``[R, W]``; state_cache: fp32
+    ``[num_blocks, block_size, 2W]`` (rows contiguous, block and row strides free).
+    """
+    _ops.save_partial_states(kv, score, ape, positions, state_cache, slot_mapping)
+
+
+def compress_norm_rope_store(
+    state_cache: torch.Tensor,
+    gather_slots: torch.Tensor,
+    positions: torch.Tensor,
+    kv_slot_mapping: torch.Tensor,
+    rms_norm_weight: torch.Tensor,
+    rms_norm_eps: float,
+    cos_sin_cache: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_size: int,
+    compress_ratio: int,
+) -> None:
+    """Compressed MLA entry (head 512) into a MODEL1 cache, for tokens with ``(p+1) % R == 0``.
+
+    gather_slots ``[T, coff*R]``: state slots of positions ``p-coff*R+1 .. p`` (-1 invalid); row w
+    uses projection half ``w // R``. Per channel softmax-pool over valid rows, RMSNorm with
+    ``rms_norm_weight`` fp32 ``[512]``, RoPE at ``(p // R) * R``, MODEL1 quantize at
+    ``kv_slot_mapping[t]``. A token with no valid window row writes nothing.
+    """
+    _ops.compress_norm_rope_store(state_cache, gather_slots, positions, kv_slot_mapping, rms_norm_weight,
+                                  rms_norm_eps, cos_sin_cache, kv_cache, block_size, compress_ratio)
+
+
+def compress_norm_rope_store_indexer(
+    state_cache: torch.Tensor,
+    gather_slots: torch.Tensor,
+    positions: torch.Tensor,
+    kv_slot_mapping: torch.Tensor,
+    rms_norm_weight: torch.Tensor,
+    rms_norm_eps: float,
+    cos_sin_cache: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_size: int,
+    compress_ratio: int,
+) -> None:
+    """As :func:`compress_norm_rope_store` for the indexer (head 128) into the 132 B/entry cache."""
+    _ops.compress_norm_rope_store_indexer(state_cache, gather_slots, positions, kv_slot_mapping, rms_norm_weight,
+                                          rms_norm_eps, cos_sin_cache, kv_cache, block_size, compress_ratio)
+
+
+def quantize_kv_insert(kv: torch.Tensor, slot_mapping: torch.Tensor, kv_cache: torch.Tensor, block_size: int) -> None:
+    """Quantize rows of kv into a MODEL1 (``[T, 512]``) or V32 (``[T, 576]``) cache; no RoPE applied."""
+    _ops.quantize_kv_insert(kv, slot_mapping, kv_cache, block_size)
+
+
+def dequantize_kv_gather(
+    kv_cache: torch.Tensor, slots: torch.Tensor, block_size: int, head_dim: int = MODEL1_HEAD_DIM
+) -> torch.Tensor:
+    """bf16 ``[*slots.shape, head_dim]`` rows read from a MODEL1 (512) or V32 (576) cache; invalid slots give 0."""
+    return _ops.dequantize_kv_gather(kv_cache, slots, block_size, head_dim)
+
+
+def indexer_k_quant_insert(k: torch.Tensor, slot_mapping: torch.Tensor, kv_cache: torch.Tensor, block_size: int) -> None:
+    """Indexer K ``[T, 128]`` -> bf16-rounded, power-of-two fp8 + fp32 scale into the 132 B/entry cache."""
+    _ops.indexer_k_quant_insert(k, slot_mapping, kv_cache, block_size)
+
+
+def map_local_to_global_slots(
+    local_indices: torch.Tensor, req_ids: torch.Tensor, block_table: torch.Tensor, block_size: int
+) -> torch.Tensor:
+    """``slot = block_table[req_ids[r], local // bs] * bs + local % bs``; -1 where unmapped.
+
+    local_indices ``[rows, cols]`` (int32/int64, negative = invalid), req_ids ``[rows]``,
+    block_table ``[num_reqs, max_blocks]``. Output has local_indices' dtype.
+    """
+    return _ops.map_local_to_global_slots(local_indices, req_ids, block_table, block_size)
+
+
+def inverse_rope(
+    o: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Undo the GPT-J RoPE on the last ``cos_sin_cache.shape[1]`` dims of o ``[T, H, D]``.
+
+    Returns ``out`` (contiguous, dtype ``out_dtype`` or o's dtype).
+    """
+    if out is None:
+        out = torch.empty(o.shape, dtype=out_dtype or o.dtype, device=o.device)
+    _ops.inverse_rope(o, positions, cos_sin_cache, out)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Lightning indexer
+# ---------------------------------------------------------------------------------------------
+
+
+def fp8_paged_mqa_logits(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    weights: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    block_size: int,
+    max_context_len: int,
+    clean_logits: bool = True,
+    schedule_meta: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """DeepGEMM paged MQA logits over the indexer K cache.
+
+    q: float8_e4m3fn ``[B, next_n, H, 128]``; weights fp32 ``[B*next_n, H]``; context_lens
+    ``[B]`` or ``[B, next_n]`` (with ``[B]``, row j of a request sees ``ctx - next_n + j + 1``
+    entries); block_table ``[B, P]``. Returns fp32 ``[B*next_n, max_context_len]`` with
+    ``logit[r, t] = kscale_t * sum_h w[r,h] * relu(<q[r,h], k_t>)`` on the valid range and -inf
+    elsewhere when ``clean_logits`` (undefined elsewhere otherwise).
+    """
+    return _ops.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, block_size, max_context_len,
+                                     clean_logits, schedule_meta)
+
+
+def fp8_mqa_logits(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    k_scale: torch.Tensor,
+    weights: torch.Tensor,
+    ks: torch.Tensor,
+    ke: torch.Tensor,
+    clean_logits: bool = True,
+) -> torch.Tensor:
+    """DeepGEMM ragged MQA logits: q e4m3 ``[M, H, D]``, k e4m3 ``[N, D]``, k_scale fp32 ``[N]``,
+    weights fp32 ``[M, H]``, ``[ks, ke)`` int32 ``[M]`` per row. Returns fp32 ``[M, N]``."""
+    return _ops.fp8_mqa_logits(q, k, k_scale, weights, ks, ke, clean_logits)
+
+
+def topk_transform(
+    scores: torch.Tensor,
+    lengths: torch.Tensor,
+    k: int = 512,
+    *,
+    row_starts: torch.Tensor | None = None,
+    page_table: torch.Tensor | None = None,
+    page_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-row top-k of fp32 scores ``[rows, S]`` over ``[start, start + length)``.
+
+    Rows with length <= k give ``0..L-1`` then -1; longer rows give the k best, sorted by score
+    descending, ties by lower index, -inf/NaN never chosen over finite values. Indices are
+    relative to the row start. With ``page_table [rows, P]`` also returns slot ids
+    ``page_table[r, i // page_size] * page_size + i % page_size`` (-1 preserved). int32 outputs.
+    """
+    raw = torch.empty(scores.shape[0], k, dtype=torch.int32, device=scores.device)
+    slots = None
+    if page_table is not None:
+        if page_size is None:
+            raise ValueError("dsv4.ops.topk_transform: page_size is required with page_table")
+        slots = torch.empty_like(raw)
+    _ops.topk_transform(scores, lengths, row_starts, page_table, page_size or 0, raw, slots)
+    return raw, slots
+
+
+# ---------------------------------------------------------------------------------------------
+# Sparse MLA attention
+# ---------------------------------------------------------------------------------------------
+
+
+def sparse_mla_decode(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    block_size: int,
+    *,
+    topk_length: torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
+    extra_kv_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_topk_length: torch.Tensor | None = None,
+    extra_block_size: int = 0,
+    head_dim_v: int = 512,
+    sm_scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashMLA sparse decode over fp8 caches: one softmax over the main and extra index sets.
+
+    q bf16 ``[b, s_q, h_q, d_qk]`` (512 = MODEL1, 576 = V32); indices ``[b, s_q, topk]`` global
+    slots (-1 / out of cache / at or past ``topk_length[b]`` are invalid). Returns out bf16
+    ``[b, s_q, h_q, head_dim_v]`` and natural-log lse fp32 ``[b, h_q, s_q]``; a query with no valid
+    entry gives 0 and lse +inf. ``attn_sink [h_q]`` scales out by ``1 / (1 + exp(sink - lse))``.
+    """
+    scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+    return _ops.sparse_mla_decode(q, kv_cache, indices, topk_length, attn_sink, extra_kv_cache, extra_indices,
+                                  extra_topk_length, block_size, extra_block_size, head_dim_v, scale)
+
+
+def sparse_mla_prefill(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    head_dim_v: int = 512,
+    attn_sink: torch.Tensor | None = None,
+    topk_length: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashMLA sparse prefill on bf16 kv ``[s_kv, 1, d_qk]``: q ``[s_q, h_q, d_qk]``, indices
+    ``[s_q, 1, topk]`` (invalid: < 0 or >= s_kv or at/past ``topk_length[s]``). Returns out bf16
+    ``[s_q, h_q, head_dim_v]``, max_logits and natural-log lse fp32 ``[s_q, h_q]`` (no valid index:
+    out 0, max_logits -inf, lse +inf)."""
+    return _ops.sparse_mla_prefill(q, kv, indices, sm_scale, head_dim_v, attn_sink, topk_length)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fake (meta) kernels: shapes and dtypes only
+# ---------------------------------------------------------------------------------------------
+
+
+def _register_fakes() -> None:
+    def no_output(*args, **kwargs):
+        return None
+
+    for name in ("qnorm_rope_kv_insert", "indexer_q_rope_quant", "save_partial_states", "compress_norm_rope_store",
+                 "compress_norm_rope_store_indexer", "quantize_kv_insert", "indexer_k_quant_insert", "inverse_rope",
+                 "topk_transform"):
+        torch.library.register_fake(f"dsv4::{name}")(no_output)
+
+    @torch.library.register_fake("dsv4::dequantize_kv_gather")
+    def _(kv_cache, slots, block_size, head_dim):
+        return slots.new_empty((*slots.shape, head_dim), dtype=torch.bfloat16)
+
+    @torch.library.register_fake("dsv4::map_local_to_global_slots")
+    def _(local_indices, req_ids, block_table, block_size):
+        return torch.empty_like(local_indices, memory_format=torch.contiguous_format)
+
+    @torch.library.register_fake("dsv4::fp8_paged_mqa_logits")
+    def _(q, kv_cache, weights, context_lens, block_table, block_size, max_context_len, clean_logits, schedule_meta):
+        return q.new_empty((q.shape[0] * q.shape[1], max_context_len), dtype=torch.float32)
+
+    @torch.library.register_fake("dsv4::fp8_mqa_logits")
+    def _(q, k, k_scale, weights, ks, ke, clean_logits):
+        return q.new_empty((q.shape[0], k.shape[0]), dtype=torch.float32)
+
+    @torch.library.register_fake("dsv4::sparse_mla_decode")
+    def _(q, kv_cache, indices, topk_length, attn_sink, extra_kv_cache, extra_indices, extra_topk_length,
+          block_size, extra_block_size, head_dim_v, sm_scale, tile_scheduler_metadata=None, num_splits=None):
+        b, s_q, h_q, _ = q.shape
+        out = q.new_empty((b, s_q, h_q, head_dim_v), dtype=torch.bfloat16)
+        lse = q.new_empty((b, h_q, s_q), dtype=torch.float32)
+        return out, lse
+
+    @torch.library.register_fake("dsv4::sparse_mla_prefill")
+    def _(q, kv, indices, sm_scale, head_dim_v, attn_sink, topk_length):
+        s_q, h_q, _ = q.shape
+        out = q.new_empty((s_q, h_q, head_dim_v), dtype=torch.bfloat16)
+        return out, q.new_empty((s_q, h_q), dtype=torch.float32), q.new_empty((s_q, h_q), dtype=torch.float32)
+
+
+def _register_reference_cpu_kernels() -> None:
+    """CPU kernels of the indexer and attention ops come in later work; until then the reference runs."""
+    lib = torch.library.Library("dsv4", "IMPL")
+    lib.impl("fp8_paged_mqa_logits", _ref_indexer.fp8_paged_mqa_logits_op, "CPU")
+    lib.impl("fp8_mqa_logits", _ref_indexer.fp8_mqa_logits_op, "CPU")
+    lib.impl("topk_transform", _ref_indexer.topk_transform_op, "CPU")
+    lib.impl("sparse_mla_decode", _ref_attention.sparse_mla_decode_op, "CPU")
+    lib.impl("sparse_mla_prefill", _ref_attention.sparse_mla_prefill_op, "CPU")
+    _LIBRARIES.append(lib)
+
+
+_LIBRARIES: list[torch.library.Library] = []  # keeps the Python registrations alive
+_register_fakes()
+_register_reference_cpu_kernels()

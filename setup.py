@@ -1,0 +1,48 @@
+"""Builds dsv4's native modules with CMake + Ninja (metadata lives in pyproject.toml).
+
+`pip install --no-build-isolation .` (or `-e .`) builds `dsv4._C` for the torch already installed.
+Set DSV4_ENABLE_CUDA=1 to also build `dsv4._C_cuda` when nvcc and a CUDA torch are present.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name: str):
+        super().__init__(name, sources=[], py_limited_api=True)
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext: Extension) -> None:
+        out_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
+        build_dir = Path(self.build_temp).resolve() / "cmake"
+        build_dir.mkdir(parents=True, exist_ok=True)
+        cmake = shutil.which("cmake") or "cmake"
+        generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+        cuda = os.environ.get("DSV4_ENABLE_CUDA", "0") not in ("0", "", "OFF", "off")
+        configure = [
+            cmake, str(ROOT), *generator,
+            f"-DDSV4_PYTHON={sys.executable}",
+            f"-DDSV4_OUTPUT_DIR={out_dir}",
+            f"-DDSV4_ENABLE_CUDA={'ON' if cuda else 'OFF'}",
+            f"-DCMAKE_BUILD_TYPE={os.environ.get('DSV4_BUILD_TYPE', 'Release')}",
+        ]
+        subprocess.check_call(configure, cwd=build_dir)
+        jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 2))
+        subprocess.check_call([cmake, "--build", ".", "--parallel", jobs], cwd=build_dir)
+
+
+setup(
+    ext_modules=[CMakeExtension("dsv4._C")],
+    cmdclass={"build_ext": CMakeBuild},
+    options={"bdist_wheel": {"py_limited_api": "cp310"}},
+)
