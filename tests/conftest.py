@@ -30,11 +30,6 @@ def _seed():
     torch.manual_seed(0)
 
 
-def poison_like(t: torch.Tensor) -> torch.Tensor:
-    """Random bytes in every element, so unwritten outputs never pass by accident."""
-    return torch.randint(0, 256, t.shape, dtype=torch.uint8).view(t.dtype) if t.dtype == torch.uint8 else t
-
-
 def random_pages(num_blocks: int, page_bytes: int, pad_bytes: int = 0) -> torch.Tensor:
     """A paged byte cache filled with random bytes; with pad_bytes > 0 the page stride exceeds the page."""
     full = torch.randint(0, 256, (num_blocks, page_bytes + pad_bytes), dtype=torch.uint8)

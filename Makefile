@@ -1,0 +1,40 @@
+# Two entry points on a fresh clone: `make demo` (main job) and `make test`.
+# Both create .venv, install pinned torch 2.13.0 (CPU) and everything else, and build dsv4.
+# On machines where PyPI's torch wheel is a CUDA build, point pip at a CPU wheel index with
+# TORCH_PIP_ARGS="--index-url <cpu wheel index>".
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_VERSION := 2.13.0
+TORCH_PIP_ARGS ?=
+BUILD_DEPS := setuptools wheel "cmake>=3.25" ninja
+TEST_DEPS := "pytest>=8" numpy ruff
+NATIVE_SOURCES := $(shell find csrc third_party -type f) CMakeLists.txt setup.py pyproject.toml
+
+.PHONY: demo test lint peer clean
+
+$(VENV)/.deps:
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q torch==$(TORCH_VERSION) $(TORCH_PIP_ARGS)
+	$(PY) -m pip install -q $(BUILD_DEPS) $(TEST_DEPS)
+	touch $@
+
+$(VENV)/.built: $(VENV)/.deps $(NATIVE_SOURCES)
+	MAX_JOBS=$${MAX_JOBS:-2} $(PY) -m pip install -q --no-build-isolation -e .
+	touch $@
+
+demo: $(VENV)/.built
+	$(PY) -m dsv4 info
+	$(PY) -m dsv4 demo
+
+peer: $(VENV)/.deps
+	VENV=$(VENV) scripts/fetch_vllm_peer.sh || echo "vLLM CPU peer unavailable: peer tests will be skipped"
+
+test: $(VENV)/.built peer
+	$(PY) -m pytest -q -ra tests
+
+lint: $(VENV)/.deps
+	$(VENV)/bin/ruff check python tests
+
+clean:
+	rm -rf build $(VENV) .peer python/dsv4/*.so

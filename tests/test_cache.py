@@ -1,0 +1,65 @@
+"""Page arithmetic, allocation and the block allocator of dsv4.cache."""
+
+import pytest
+import torch
+
+from dsv4 import cache, ops
+
+# (what, page bytes) from the DSv4 layout table: logical block 256, fp8_ds_mla.
+EXPECTED_PAGES = [
+    ("swa model1 bs64", lambda: cache.kv_page_bytes(64), 37440),
+    ("c128a model1 bs2", lambda: cache.kv_page_bytes(2), 1728),
+    ("indexer k bs64", lambda: cache.indexer_k_page_bytes(64), 8640),
+    ("state c4a main", lambda: cache.compressor_state_page_bytes(4, 512, 4), 32832),
+    ("state c128a main", lambda: cache.compressor_state_page_bytes(8, 512, 128), 32832),
+    ("state c4a indexer", lambda: cache.compressor_state_page_bytes(4, 128, 4), 8640),
+    ("v32 bs64", lambda: cache.kv_page_bytes(64, "v32"), 42048),
+]
+
+
+@pytest.mark.parametrize("what,compute,expected", EXPECTED_PAGES, ids=[e[0] for e in EXPECTED_PAGES])
+def test_page_bytes(what, compute, expected):
+    assert compute() == expected
+    assert expected % 576 == 0
+
+
+def test_bad_geometry_raises():
+    with pytest.raises(ValueError, match="unknown KV layout"):
+        cache.kv_page_bytes(64, "fp16")
+    with pytest.raises(ValueError, match="positive"):
+        cache.kv_page_bytes(0)
+
+
+def test_compressor_state_is_padded_view():
+    state = cache.allocate_compressor_state(3, 4, 512, 4)
+    assert state.shape == (3, 4, 2048)
+    assert state.stride() == (32832 // 4, 2048, 1)
+
+
+@pytest.mark.parametrize("layout,dim", [("model1", 512), ("v32", 576)])
+def test_quantize_roundtrip_matches_kernel(layout, dim):
+    kv = (torch.randn(9, dim) * 3).bfloat16()
+    entries = cache.quantize_kv(kv, layout)
+    assert entries.shape == (9, cache.KV_LAYOUTS[layout])
+    back = cache.dequantize_kv(entries, layout)
+    rel = (back - kv.float()).abs().max() / kv.float().abs().max()
+    assert rel < 0.07  # e4m3 has a 3-bit mantissa: relative step 1/16 at worst
+    kv_cache = cache.allocate_kv_cache(2, 8, layout)
+    slots = torch.arange(9) + 3
+    ops.quantize_kv_insert(kv, slots, kv_cache, 8)
+    gathered = ops.dequantize_kv_gather(kv_cache, slots, 8, dim)
+    assert torch.equal(gathered, back.bfloat16())
+
+
+def test_block_allocator_tables_and_slots():
+    alloc = cache.BlockAllocator(num_blocks=4, block_size=2)
+    alloc.ensure_capacity(7, 3)
+    alloc.ensure_capacity(9, 2)
+    table = alloc.block_table([7, 9, 11])
+    assert table.tolist() == [[0, 1], [2, -1], [-1, -1]]
+    slots = alloc.slot_mapping(7, torch.tensor([0, 1, 2, 3, 4, -1]))
+    assert slots.tolist() == [0, 1, 2, 3, -1, -1]
+    alloc.free(7)
+    assert alloc.num_free_blocks == 3
+    with pytest.raises(RuntimeError, match="out of cache blocks"):
+        alloc.ensure_capacity(5, 100)
