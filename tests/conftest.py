@@ -36,8 +36,35 @@ def random_pages(num_blocks: int, page_bytes: int, pad_bytes: int = 0) -> torch.
     return full[:, :page_bytes]
 
 
+def storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    """Every byte of the storage behind a (possibly strided) view, padding included, sharing memory."""
+    return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
+
+
+def clone_storage(t: torch.Tensor) -> torch.Tensor:
+    """A copy of t over a copy of its whole storage: same strides, same bytes in the padding."""
+    copy = storage_bytes(t).clone().view(t.dtype)
+    return copy.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
 def rope_table(max_pos: int, rope_dim: int = 64, base: float = 10000.0) -> torch.Tensor:
     """fp32 [max_pos, rope_dim]: cos in the first half, sin in the second."""
     inv_freq = base ** (-torch.arange(0, rope_dim, 2, dtype=torch.float64) / rope_dim)
     angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq[None, :]
     return torch.cat([angles.cos(), angles.sin()], dim=1).float()
+
+
+def pages_with_padding(cache: torch.Tensor) -> torch.Tensor:
+    """The whole [num_blocks, stride(0)] allocation behind a random_pages cache, padding bytes included."""
+    return cache.as_strided((cache.shape[0], cache.stride(0)), (cache.stride(0), 1))
+
+
+def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-element distance, in representable steps, between two tensors of one 8- or 16-bit float dtype."""
+    int_dtype, magnitude = {1: (torch.int8, 0x7F), 2: (torch.int16, 0x7FFF)}[a.element_size()]
+
+    def ordinal(t: torch.Tensor) -> torch.Tensor:  # sign-magnitude bits -> a monotonic integer line
+        bits = t.contiguous().view(int_dtype).int()
+        return torch.where(bits < 0, -(bits & magnitude), bits)
+
+    return (ordinal(a) - ordinal(b)).abs()

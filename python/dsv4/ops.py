@@ -308,32 +308,58 @@ def sparse_mla_prefill(
 # ---------------------------------------------------------------------------------------------
 
 
-def _register_fakes() -> None:
-    def no_output(*args, **kwargs):
-        return None
+def _check_same_device(op: str, args: tuple, kwargs: dict) -> None:
+    """Fake kernels enforce what the real ones do: every tensor argument on one device."""
+    schema = getattr(_ops, op).default._schema
+    named = dict(zip((a.name for a in schema.arguments), args))
+    named.update(kwargs)
+    tensors = [(name, value) for name, value in named.items() if isinstance(value, torch.Tensor)]
+    for name, value in tensors[1:]:
+        if value.device != tensors[0][1].device:
+            raise RuntimeError(
+                f"dsv4::{op}: argument '{name}' must be on the same device as '{tensors[0][0]}' "
+                f"({tensors[0][1].device}), got {value.device}"
+            )
 
+
+def _fake(op: str):
+    """Registers ``fn`` as the fake kernel of dsv4::op, behind the device check."""
+
+    def register(fn):
+        def fake(*args, **kwargs):
+            _check_same_device(op, args, kwargs)
+            return fn(*args, **kwargs)
+
+        torch.library.register_fake(f"dsv4::{op}")(fake)
+        return fn
+
+    return register
+
+
+def _register_fakes() -> None:
     for name in ("qnorm_rope_kv_insert", "indexer_q_rope_quant", "save_partial_states", "compress_norm_rope_store",
                  "compress_norm_rope_store_indexer", "quantize_kv_insert", "indexer_k_quant_insert", "inverse_rope",
                  "topk_transform"):
-        torch.library.register_fake(f"dsv4::{name}")(no_output)
+        _fake(name)(lambda *args, **kwargs: None)
 
-    @torch.library.register_fake("dsv4::dequantize_kv_gather")
+    @_fake("dequantize_kv_gather")
     def _(kv_cache, slots, block_size, head_dim):
         return slots.new_empty((*slots.shape, head_dim), dtype=torch.bfloat16)
 
-    @torch.library.register_fake("dsv4::map_local_to_global_slots")
+    @_fake("map_local_to_global_slots")
     def _(local_indices, req_ids, block_table, block_size):
         return torch.empty_like(local_indices, memory_format=torch.contiguous_format)
 
-    @torch.library.register_fake("dsv4::fp8_paged_mqa_logits")
-    def _(q, kv_cache, weights, context_lens, block_table, block_size, max_context_len, clean_logits, schedule_meta):
+    @_fake("fp8_paged_mqa_logits")
+    def _(q, kv_cache, weights, context_lens, block_table, block_size, max_context_len, clean_logits,
+          schedule_meta=None):
         return q.new_empty((q.shape[0] * q.shape[1], max_context_len), dtype=torch.float32)
 
-    @torch.library.register_fake("dsv4::fp8_mqa_logits")
+    @_fake("fp8_mqa_logits")
     def _(q, k, k_scale, weights, ks, ke, clean_logits):
         return q.new_empty((q.shape[0], k.shape[0]), dtype=torch.float32)
 
-    @torch.library.register_fake("dsv4::sparse_mla_decode")
+    @_fake("sparse_mla_decode")
     def _(q, kv_cache, indices, topk_length, attn_sink, extra_kv_cache, extra_indices, extra_topk_length,
           block_size, extra_block_size, head_dim_v, sm_scale, tile_scheduler_metadata=None, num_splits=None):
         b, s_q, h_q, _ = q.shape
@@ -341,7 +367,7 @@ def _register_fakes() -> None:
         lse = q.new_empty((b, h_q, s_q), dtype=torch.float32)
         return out, lse
 
-    @torch.library.register_fake("dsv4::sparse_mla_prefill")
+    @_fake("sparse_mla_prefill")
     def _(q, kv, indices, sm_scale, head_dim_v, attn_sink, topk_length):
         s_q, h_q, _ = q.shape
         out = q.new_empty((s_q, h_q, head_dim_v), dtype=torch.bfloat16)
