@@ -60,11 +60,13 @@ def pages_with_padding(cache: torch.Tensor) -> torch.Tensor:
 
 
 def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Per-element distance, in representable steps, between two tensors of one 8- or 16-bit float dtype."""
-    int_dtype, magnitude = {1: (torch.int8, 0x7F), 2: (torch.int16, 0x7FFF)}[a.element_size()]
+    """Per-element distance, in representable steps, between two tensors of one float dtype (fp8 to fp32)."""
+    int_dtype, magnitude = {1: (torch.int8, 0x7F), 2: (torch.int16, 0x7FFF), 4: (torch.int32, 0x7FFFFFFF)}[
+        a.element_size()
+    ]
 
     def ordinal(t: torch.Tensor) -> torch.Tensor:  # sign-magnitude bits -> a monotonic integer line
-        bits = t.contiguous().view(int_dtype).int()
+        bits = t.contiguous().view(int_dtype).long()
         return torch.where(bits < 0, -(bits & magnitude), bits)
 
     return (ordinal(a) - ordinal(b)).abs()

@@ -1,4 +1,232 @@
-"""placeholder"""
-def fp8_paged_mqa_logits_op(*a): raise NotImplementedError
-def fp8_mqa_logits_op(*a): raise NotImplementedError
-def topk_transform_op(*a): raise NotImplementedError
+"""Reference lightning indexer: fp8 MQA logits (paged decode and ragged prefill) and the top-k transform.
+
+Pure torch, float32 math on exactly decoded fp8 values. These functions are the specification
+of ``torch.ops.dsv4.fp8_paged_mqa_logits``, ``fp8_mqa_logits`` and ``topk_transform``; the
+``*_op`` adapters (argument checks + schema argument order) also serve as their CPU kernels for now.
+
+Logits: ``logit[r, t] = kscale_t * sum_h w[r, h] * relu(<q[r, h, :], k_t>)``. Positions outside a
+row's valid range, and keys whose page is missing from the cache, are -inf (also with
+``clean_logits=False``, where the contract leaves them unspecified).
+
+Top-k order (fully defined, so results compare as exact sequences): scores descending, ties by
+lower index; every number (+inf .. -inf) ranks above every NaN. A row of length L <= k gives
+``0 .. L-1`` then -1 without looking at its scores.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..constants import INDEXER_HEAD_DIM, INDEXER_K_BYTES_PER_ENTRY
+from . import quant
+from .checks import (
+    INDEX_DTYPES,
+    check,
+    check_dtype,
+    check_last_dim_contiguous,
+    check_optional,
+    check_paged_cache,
+    check_positive,
+    check_shape,
+    check_tensor,
+)
+
+TOPK_SIZES = (512, 1024, 2048)
+# Largest [rows x heads x keys] fp32 block of head dot products held at once (bounds memory on long contexts).
+DOT_BLOCK_ELEMENTS = 1 << 24
+_SCALE_BYTES = INDEXER_K_BYTES_PER_ENTRY - INDEXER_HEAD_DIM
+_NEG_INF = float("-inf")
+
+
+def weighted_relu_logits(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor):
+    """fp32 ``[R, N]`` = ``k_scale[n] * sum_h weights[r, h] * relu(<q[r, h], k[n]>)`` for q ``[R, H, D]``, k ``[N, D]``."""
+    rows, heads, dim = q.shape
+    out = torch.empty(rows, k.shape[0], dtype=torch.float32)
+    step = max(1, DOT_BLOCK_ELEMENTS // max(1, heads * k.shape[0]))
+    for r0 in range(0, rows, step):
+        block = q[r0 : r0 + step]
+        dots = (block.reshape(-1, dim) @ k.T).view(block.shape[0], heads, k.shape[0]).clamp_min(0)
+        out[r0 : r0 + step] = torch.bmm(weights[r0 : r0 + step, None, :], dots)[:, 0] * k_scale
+    return out
+
+
+def _row_context_lens(context_lens: torch.Tensor, next_n: int) -> torch.Tensor:
+    """[B, next_n] int64 lengths; 1-D lens give MTP row j of a request ``ctx - next_n + j + 1`` entries."""
+    lens = context_lens.long()
+    if lens.dim() == 2:
+        return lens
+    return lens[:, None] - next_n + 1 + torch.arange(next_n)
+
+
+def _read_indexer_keys(pages: torch.Tensor, blocks: torch.Tensor, offsets: torch.Tensor, block_size: int):
+    """Decoded fp32 keys ``[n, 128]`` and scales ``[n]`` of entries (blocks[i], offsets[i]) (all in the cache)."""
+    code_cols = offsets[:, None] * INDEXER_HEAD_DIM + torch.arange(INDEXER_HEAD_DIM)
+    scale_cols = block_size * INDEXER_HEAD_DIM + _SCALE_BYTES * offsets[:, None] + torch.arange(_SCALE_BYTES)
+    codes = pages[blocks[:, None], code_cols]
+    scales = pages[blocks[:, None], scale_cols].contiguous().view(torch.float32).reshape(-1)
+    return quant.decode_e4m3(codes), scales
+
+
+def fp8_paged_mqa_logits(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    weights: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    block_size: int,
+    max_context_len: int,
+    clean_logits: bool = True,
+) -> torch.Tensor:
+    """fp32 ``[B*next_n, max_context_len]`` logits of q e4m3 ``[B, next_n, H, 128]`` over the paged indexer K cache.
+
+    Row ``b*next_n + j`` covers positions ``[0, len)`` with len from ``context_lens`` (``[B]``: causal MTP
+    rule, ``[B, next_n]``: as given), clamped to ``[0, max_context_len]``; position t reads entry
+    ``t % block_size`` of page ``block_table[b, t // block_size]``. Missing pages give -inf.
+    """
+    del clean_logits  # the reference always writes -inf outside the valid range
+    batch, next_n, heads, _ = q.shape
+    lens = _row_context_lens(context_lens, next_n).clamp(0, max_context_len)
+    pages = quant.cache_pages(kv_cache)
+    table = block_table.long()
+    q_rows = q.float()
+    w_rows = weights.float().reshape(batch, next_n, heads)
+    logits = torch.full((batch, next_n, max_context_len), _NEG_INF, dtype=torch.float32)
+    for b in range(batch):
+        positions = torch.arange(int(lens[b].max()) if next_n else 0)
+        page_index = positions // block_size
+        in_table = page_index < table.shape[1]
+        blocks = torch.full_like(positions, -1)
+        blocks[in_table] = table[b, page_index[in_table]]
+        present = (blocks >= 0) & (blocks < pages.shape[0])
+        positions, blocks = positions[present], blocks[present]
+        keys, scales = _read_indexer_keys(pages, blocks, positions % block_size, block_size)
+        scores = weighted_relu_logits(q_rows[b], keys, scales, w_rows[b])
+        inside = positions[None, :] < lens[b, :, None]
+        logits[b, :, positions] = torch.where(inside, scores, _NEG_INF)
+    return logits.view(batch * next_n, max_context_len)
+
+
+def fp8_mqa_logits(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    k_scale: torch.Tensor,
+    weights: torch.Tensor,
+    ks: torch.Tensor,
+    ke: torch.Tensor,
+    clean_logits: bool = True,
+) -> torch.Tensor:
+    """fp32 ``[M, N]`` ragged logits of q e4m3 ``[M, H, D]`` against k e4m3 ``[N, D]``, defined on ``ks[i] <= j < ke[i]``."""
+    del clean_logits  # the reference always writes -inf outside [ks, ke)
+    scores = weighted_relu_logits(q.float(), k.float(), k_scale.float(), weights.float())
+    cols = torch.arange(k.shape[0])
+    inside = (cols >= ks.long()[:, None]) & (cols < ke.long()[:, None])
+    return torch.where(inside, scores, _NEG_INF)
+
+
+def _best_k(scores: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, k: int) -> torch.Tensor:
+    """Positions (relative to the start) of the k best entries of rows with lens > k, in the module's order."""
+    offsets = torch.arange(int(lens.max()))
+    inside = offsets < lens[:, None]
+    window = scores.gather(1, (starts[:, None] + offsets).clamp(max=scores.shape[1] - 1))
+    nan = window.isnan()
+    # Stable sorts: by score (NaN and outside as -inf), then by class (number 0, NaN 1, outside 2); index breaks ties.
+    by_score = torch.sort(torch.where(nan | ~inside, _NEG_INF, window), dim=1, descending=True, stable=True).indices
+    rank_class = torch.where(inside, nan.to(torch.int8), 2)
+    by_class = torch.sort(rank_class.gather(1, by_score), dim=1, stable=True).indices
+    return by_score.gather(1, by_class)[:, :k]
+
+
+def _slots_through_pages(raw: torch.Tensor, page_table: torch.Tensor, page_size: int) -> torch.Tensor:
+    """``page_table[r, i // page_size] * page_size + i % page_size``; -1 for -1, pages past the table, negative entries."""
+    page_index = raw.div(page_size, rounding_mode="floor")
+    mapped = (raw >= 0) & (page_index < page_table.shape[1])
+    if page_table.shape[1] == 0:
+        return torch.full_like(raw, -1)
+    pages = page_table.long().gather(1, page_index.clamp(0, page_table.shape[1] - 1))
+    mapped &= pages >= 0
+    return torch.where(mapped, pages * page_size + raw % page_size, -1)
+
+
+def check_topk(op: str, name: str, k: int) -> None:
+    check(k in TOPK_SIZES, op, name, f"select k in {TOPK_SIZES}", k)
+
+
+def topk_transform(
+    scores: torch.Tensor,
+    lengths: torch.Tensor,
+    k: int,
+    row_starts: torch.Tensor | None = None,
+    page_table: torch.Tensor | None = None,
+    page_size: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(raw int32 ``[rows, k]``, slots int32 ``[rows, k]`` or None) per row of fp32 scores ``[rows, S]``.
+
+    Row r considers ``scores[r, start : start + L]`` with start = ``row_starts[r]`` (0 without, clamped to
+    ``[0, S]``) and L = ``lengths[r]`` clamped to ``[0, S - start]``; raw indices are relative to start.
+    """
+    check_topk("topk_transform", "k", k)
+    rows, width = scores.shape
+    starts = torch.zeros(rows, dtype=torch.int64) if row_starts is None else row_starts.long().clamp(0, width)
+    lens = torch.minimum(lengths.long().clamp_min(0), width - starts)
+    prefix = torch.arange(k)
+    raw = torch.where(prefix < lens[:, None], prefix, -1)
+    long_rows = (lens > k).nonzero().flatten()
+    if long_rows.numel():
+        raw[long_rows] = _best_k(scores[long_rows].float(), starts[long_rows], lens[long_rows], k)
+    slots = None if page_table is None else _slots_through_pages(raw, page_table, page_size).to(torch.int32)
+    return raw.to(torch.int32), slots
+
+
+# ---- schema adapters (CPU kernels for now): check, compute, return fresh tensors or write in place ----
+
+
+def fp8_paged_mqa_logits_op(q, kv_cache, weights, context_lens, block_table, block_size, max_context_len,
+                            clean_logits, schedule_meta=None):
+    op = "fp8_paged_mqa_logits"
+    check_tensor(op, "q", q, (torch.float8_e4m3fn,), (None, None, None, INDEXER_HEAD_DIM))
+    batch, next_n, heads, _ = q.shape
+    check(heads > 0, op, "q", "have at least one head (dimension 2)", f"shape {list(q.shape)}")
+    check_paged_cache(op, "kv_cache", kv_cache, block_size, INDEXER_K_BYTES_PER_ENTRY)
+    check_tensor(op, "weights", weights, (torch.float32,), (batch * next_n, heads))
+    check_dtype(op, "context_lens", context_lens, INDEX_DTYPES)
+    lens_shape = (batch,) if context_lens.dim() == 1 else (batch, next_n)
+    check_shape(op, "context_lens", context_lens, lens_shape)
+    check_tensor(op, "block_table", block_table, INDEX_DTYPES, (batch, None))
+    check(max_context_len >= 0, op, "max_context_len", "be >= 0", max_context_len)
+    return fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, block_size, max_context_len,
+                                clean_logits)
+
+
+def fp8_mqa_logits_op(q, k, k_scale, weights, ks, ke, clean_logits):
+    op = "fp8_mqa_logits"
+    check_tensor(op, "q", q, (torch.float8_e4m3fn,), (None, None, None))
+    rows, heads, dim = q.shape
+    check(heads > 0, op, "q", "have at least one head (dimension 1)", f"shape {list(q.shape)}")
+    check_tensor(op, "k", k, (torch.float8_e4m3fn,), (None, dim))
+    check_tensor(op, "k_scale", k_scale, (torch.float32,), (k.shape[0],))
+    check_tensor(op, "weights", weights, (torch.float32,), (rows, heads))
+    check_tensor(op, "ks", ks, INDEX_DTYPES, (rows,))
+    check_tensor(op, "ke", ke, INDEX_DTYPES, (rows,))
+    return fp8_mqa_logits(q, k, k_scale, weights, ks, ke, clean_logits)
+
+
+def topk_transform_op(scores, lengths, row_starts, page_table, page_size, raw_indices, slot_indices):
+    op = "topk_transform"
+    check_tensor(op, "scores", scores, (torch.float32,), (None, None))
+    check_last_dim_contiguous(op, "scores", scores)
+    rows = scores.shape[0]
+    check_tensor(op, "lengths", lengths, INDEX_DTYPES, (rows,))
+    check_optional(op, "row_starts", row_starts, INDEX_DTYPES, (rows,))
+    check_optional(op, "page_table", page_table, INDEX_DTYPES, (rows, None))
+    check_tensor(op, "raw_indices", raw_indices, (torch.int32,), (rows, None))
+    check_topk(op, "raw_indices", raw_indices.shape[1])
+    if page_table is None:
+        check(slot_indices is None, op, "slot_indices", "be None without a page_table", "a tensor")
+    else:
+        check_positive(op, "page_size", page_size)
+        check(slot_indices is not None, op, "slot_indices", "be given with a page_table", None)
+        check_tensor(op, "slot_indices", slot_indices, (torch.int32,), tuple(raw_indices.shape))
+    raw, slots = topk_transform(scores, lengths, raw_indices.shape[1], row_starts, page_table, page_size)
+    raw_indices.copy_(raw)
+    if slots is not None:
+        slot_indices.copy_(slots)
