@@ -28,7 +28,7 @@ demo: $(VENV)/.built
 	$(PY) -m dsv4 demo
 
 peer: $(VENV)/.deps
-	VENV=$(VENV) scripts/fetch_vllm_peer.sh || echo "vLLM CPU peer unavailable: peer tests will be skipped"
+	PYTHON=$(PY) scripts/fetch_vllm_peer.sh || echo "vLLM CPU peer unavailable: peer tests will be skipped"
 
 test: $(VENV)/.built peer
 	$(PY) -m pytest -q -ra tests

@@ -47,6 +47,21 @@ def clone_storage(t: torch.Tensor) -> torch.Tensor:
     return copy.as_strided(t.shape, t.stride(), t.storage_offset())
 
 
+def column_slice(values: torch.Tensor, extra_columns: int = 64) -> torch.Tensor:
+    """values [rows, cols] as a column slice of a wider random tensor (a fused projection's output)."""
+    wide = torch.randint(-100, 100, (values.shape[0], values.shape[1] + extra_columns)).to(values.dtype)
+    view = wide[:, extra_columns // 2 : extra_columns // 2 + values.shape[1]]
+    view.copy_(values)
+    return view
+
+
+def distinct_slots(num_slots: int, capacity: int, skip_fraction: float) -> torch.Tensor:
+    """int64 slot ids, no two alike (so no two tokens write one entry), about skip_fraction of them -1."""
+    slots = torch.randperm(capacity)[:num_slots]
+    slots[torch.rand(num_slots) < skip_fraction] = -1
+    return slots
+
+
 def rope_table(max_pos: int, rope_dim: int = 64, base: float = 10000.0) -> torch.Tensor:
     """fp32 [max_pos, rope_dim]: cos in the first half, sin in the second."""
     inv_freq = base ** (-torch.arange(0, rope_dim, 2, dtype=torch.float64) / rope_dim)

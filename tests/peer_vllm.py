@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 PEER_ENV = "DSV4_VLLM_PEER"
+REQUIRE_PEER_ENV = "DSV4_REQUIRE_PEER"  # CI sets it: a missing peer fails instead of skipping
 DEFAULT_PEER = Path(__file__).resolve().parent.parent / ".peer" / "vllm" / "_C.abi3.so"
 
 # vLLM compiles its DSv4 kernels for AVX-512 BF16/VNNI + AMX only; elsewhere calling them would crash.
@@ -63,6 +64,8 @@ def _load() -> tuple[object | None, str]:
 def load_peer_reason() -> tuple[object | None, str]:
     """(``torch.ops._C`` with vLLM's ops, "") or (None, why not); prints the reason once."""
     peer, reason = _load()
+    if peer is None and os.environ.get(REQUIRE_PEER_ENV) == "1":
+        raise RuntimeError(f"${REQUIRE_PEER_ENV}=1 but the vLLM peer is unavailable: {reason}")
     if peer is None:
         print(f"vLLM peer unavailable: {reason}")
     return peer, reason

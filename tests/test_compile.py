@@ -2,9 +2,8 @@
 
 import torch
 
-from dsv4 import cache, ops
-
 from conftest import rope_table
+from dsv4 import cache, ops
 
 BLOCK = 16
 
@@ -43,7 +42,7 @@ def test_compile_fullgraph_matches_eager():
         compiled_inputs[name] = eager_inputs[name].clone()
     expected = writer_step(**eager_inputs)
     got = torch.compile(writer_step, fullgraph=True)(**compiled_inputs)
-    for e, g in zip(expected, got):
+    for e, g in zip(expected, got, strict=True):
         assert torch.equal(e, g)
     assert torch.equal(eager_inputs["swa_cache"], compiled_inputs["swa_cache"])
     assert torch.equal(eager_inputs["k_cache"], compiled_inputs["k_cache"])

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import dsv4
-
 from conftest import SUPPORTED_ISAS
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,9 +16,10 @@ constexpr int64_t kRopeDim = 64;
 
 int64_t bytes_per_entry(KvLayout layout) { return layout == KvLayout::model1 ? kModel1BytesPerEntry : kV32BytesPerEntry; }
 
-KvLayout layout_for_head_dim(const char* op, int64_t head_dim) {
-  DSV4_CHECK(head_dim == kModel1HeadDim || head_dim == kV32HeadDim, op, "head dim must be ", kModel1HeadDim,
-             " (MODEL1 layout) or ", kV32HeadDim, " (V32 layout), got ", head_dim);
+// `a` names the argument that carries the head dim (kv's last dimension, or head_dim itself).
+KvLayout layout_for_head_dim(Arg a, int64_t head_dim) {
+  DSV4_CHECK(head_dim == kModel1HeadDim || head_dim == kV32HeadDim, a.op, "argument '", a.name, "' head dim must be ",
+             kModel1HeadDim, " (MODEL1 layout) or ", kV32HeadDim, " (V32 layout), got ", head_dim);
   return head_dim == kModel1HeadDim ? KvLayout::model1 : KvLayout::v32;
 }
 
@@ -27,7 +28,7 @@ void quantize_kv_insert(Tensor kv, Tensor slot_mapping, Tensor kv_cache, int64_t
   check_same_device(op, kv, {{"slot_mapping", &slot_mapping}, {"kv_cache", &kv_cache}});
   check_dim({op, "kv"}, kv, 2);
   QuantizeKvInsertParams p;
-  p.layout = layout_for_head_dim(op, kv.size(1));
+  p.layout = layout_for_head_dim({op, "kv"}, kv.size(1));
   p.dtype = float_dtype({op, "kv"}, kv);
   check_last_dim_contiguous({op, "kv"}, kv);
   p.slots = index_view({op, "slot_mapping"}, slot_mapping, 1);
@@ -44,7 +45,7 @@ Tensor dequantize_kv_gather(Tensor kv_cache, Tensor slots, int64_t block_size, i
   const char* op = "dequantize_kv_gather";
   check_same_device(op, kv_cache, {{"slots", &slots}});
   DequantizeKvGatherParams p;
-  p.layout = layout_for_head_dim(op, head_dim);
+  p.layout = layout_for_head_dim({op, "head_dim"}, head_dim);
   p.cache = paged_cache({op, "kv_cache"}, kv_cache, block_size, bytes_per_entry(p.layout));
   check_dtype({op, "slots"}, slots, {ScalarType::Int, ScalarType::Long});
   const Tensor flat = torch::stable::reshape(torch::stable::contiguous(slots), {slots.numel()});

@@ -7,8 +7,6 @@
 namespace dsv4::api {
 namespace {
 
-constexpr int64_t kMaxInverseRopeHeadDim = 576;
-
 Tensor map_local_to_global_slots(Tensor local, Tensor req_ids, Tensor block_table, int64_t block_size) {
   const char* op = "map_local_to_global_slots";
   check_same_device(op, local, {{"req_ids", &req_ids}, {"block_table", &block_table}});

@@ -128,6 +128,8 @@ struct MapLocalToGlobalSlotsParams {
   bool out_is_int64 = true;
 };
 
+constexpr int64_t kMaxInverseRopeHeadDim = 576;  // the V32 head: the widest row the kernel buffers
+
 struct InverseRopeParams {
   const void* o = nullptr;  // [num_tokens, num_heads, head_dim]
   DType dtype = DType::bf16;

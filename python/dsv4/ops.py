@@ -153,7 +153,9 @@ def dequantize_kv_gather(
     return _ops.dequantize_kv_gather(kv_cache, slots, block_size, head_dim)
 
 
-def indexer_k_quant_insert(k: torch.Tensor, slot_mapping: torch.Tensor, kv_cache: torch.Tensor, block_size: int) -> None:
+def indexer_k_quant_insert(
+    k: torch.Tensor, slot_mapping: torch.Tensor, kv_cache: torch.Tensor, block_size: int
+) -> None:
     """Indexer K ``[T, 128]`` -> bf16-rounded, power-of-two fp8 + fp32 scale into the 132 B/entry cache."""
     _ops.indexer_k_quant_insert(k, slot_mapping, kv_cache, block_size)
 
@@ -311,7 +313,7 @@ def sparse_mla_prefill(
 def _check_same_device(op: str, args: tuple, kwargs: dict) -> None:
     """Fake kernels enforce what the real ones do: every tensor argument on one device."""
     schema = getattr(_ops, op).default._schema
-    named = dict(zip((a.name for a in schema.arguments), args))
+    named = dict(zip((a.name for a in schema.arguments), args, strict=False))
     named.update(kwargs)
     tensors = [(name, value) for name, value in named.items() if isinstance(value, torch.Tensor)]
     for name, value in tensors[1:]:

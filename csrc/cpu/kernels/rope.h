@@ -3,7 +3,7 @@
 inline void inverse_rope(const InverseRopeParams& p) {
   const int64_t esize = dtype_bytes(p.dtype);
   parallel(p.num_tokens * p.num_heads, 16, [&](int64_t begin, int64_t end) {
-    float row[kMaxCompressHeadDim + kV32RopeDim];
+    float row[kMaxInverseRopeHeadDim];
     for (int64_t i = begin; i < end; ++i) {
       const int64_t t = i / p.num_heads, h = i % p.num_heads;
       load_row_f32(static_cast<const char*>(p.o) + (t * p.o_stride_t + h * p.o_stride_h) * esize, p.dtype, p.head_dim, row);

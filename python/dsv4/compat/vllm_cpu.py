@@ -4,9 +4,9 @@ conventions, implemented on :mod:`dsv4.ops`, so engine code switches by changing
     from dsv4.compat import vllm_cpu as ops   # instead of ``ops = torch.ops._C``
 
 Caches are vLLM's 2-D uint8 page views ``[num_blocks, page_bytes]`` (any page stride) with the block
-size passed alongside, exactly as vLLM passes them. Where dsv4's contract is stricter or richer
-than vLLM's (sorted top-k, exact fp8 subnormals in the SWA insert, -inf cleaning available), the
-result is one that vLLM's contract allows.
+size passed alongside, exactly as vLLM passes them. Results differ from vLLM's only where dsv4 is
+stricter: top-k comes sorted (vLLM's order is unspecified) and the SWA insert keeps fp8 values below
+2^-6 exact where vLLM flushes them to zero.
 """
 
 from __future__ import annotations
@@ -156,12 +156,12 @@ def topk_transform_512_cpu(
 
     Writes columns ``[0, 512)`` of out_page_indices (slot ids through page_tables ``[B, P]``) and, when
     given, of out_raw_indices (row-local positions), both int32 ``[B, >= 512]``. Rows with
-    ``seq_len <= 512`` give ``0..L-1`` then -1. seq_lens are clamped to the score width as in vLLM.
-    The selected set is vLLM's; the order (score descending, ties by lower index) is dsv4's.
+    ``seq_len <= 512`` give ``0..L-1`` then -1; seq_lens past the score width count as the width (both
+    libraries clamp). The selected set is vLLM's; the order (score descending, ties by lower index)
+    is dsv4's.
     """
-    lengths = seq_lens.clamp(0, scores.shape[1])
     raw = out_raw_indices if out_raw_indices is not None else torch.empty_like(out_page_indices)
-    torch.ops.dsv4.topk_transform(scores, lengths, None, page_tables, page_size, raw[:, :VLLM_TOPK],
+    torch.ops.dsv4.topk_transform(scores, seq_lens, None, page_tables, page_size, raw[:, :VLLM_TOPK],
                                   out_page_indices[:, :VLLM_TOPK])
 
 

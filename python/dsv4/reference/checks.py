@@ -35,7 +35,7 @@ def check_shape(op: str, name: str, t: torch.Tensor, shape: Sequence[int | None]
     """Rank and sizes; None in ``shape`` accepts any size in that dimension."""
     check_dim(op, name, t, len(shape))
     wanted = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-    ok = all(s is None or s == n for s, n in zip(shape, t.shape))
+    ok = all(s is None or s == n for s, n in zip(shape, t.shape, strict=True))
     check(ok, op, name, f"have shape {wanted}", f"shape {list(t.shape)}")
 
 
@@ -68,7 +68,8 @@ def check_paged_cache(op: str, name: str, cache: torch.Tensor, block_size: int, 
     expected_stride = 1
     for d in range(cache.dim() - 1, 0, -1):
         check(cache.shape[d] == 1 or cache.stride(d) == expected_stride, op, name,
-              "be contiguous after its first dimension (only the page stride is free)", f"strides {list(cache.stride())}")
+              "be contiguous after its first dimension (only the page stride is free)",
+              f"strides {list(cache.stride())}")
         expected_stride *= cache.shape[d]
     check(expected_stride >= block_size * bytes_per_entry, op, name,
           f"have pages of at least {block_size * bytes_per_entry} bytes (block_size {block_size} x {bytes_per_entry})",

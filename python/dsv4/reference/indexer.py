@@ -39,7 +39,10 @@ _NEG_INF = float("-inf")
 
 
 def weighted_relu_logits(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor):
-    """fp32 ``[R, N]`` = ``k_scale[n] * sum_h weights[r, h] * relu(<q[r, h], k[n]>)`` for q ``[R, H, D]``, k ``[N, D]``."""
+    """fp32 ``[R, N]`` = ``k_scale[n] * sum_h weights[r, h] * relu(<q[r, h], k[n]>)``; q ``[R, H, D]``, k ``[N, D]``.
+
+    Rows are processed in blocks of at most DOT_BLOCK_ELEMENTS head dot products.
+    """
     rows, heads, dim = q.shape
     out = torch.empty(rows, k.shape[0], dtype=torch.float32)
     step = max(1, DOT_BLOCK_ELEMENTS // max(1, heads * k.shape[0]))
@@ -115,7 +118,10 @@ def fp8_mqa_logits(
     ke: torch.Tensor,
     clean_logits: bool = True,
 ) -> torch.Tensor:
-    """fp32 ``[M, N]`` ragged logits of q e4m3 ``[M, H, D]`` against k e4m3 ``[N, D]``, defined on ``ks[i] <= j < ke[i]``."""
+    """fp32 ``[M, N]`` ragged logits of q e4m3 ``[M, H, D]`` against k e4m3 ``[N, D]`` (scales ``k_scale [N]``).
+
+    Row i is defined on ``ks[i] <= j < ke[i]`` (clamped to ``[0, N)``) and -inf elsewhere.
+    """
     del clean_logits  # the reference always writes -inf outside [ks, ke)
     scores = weighted_relu_logits(q.float(), k.float(), k_scale.float(), weights.float())
     cols = torch.arange(k.shape[0])
@@ -137,7 +143,10 @@ def _best_k(scores: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, k: i
 
 
 def _slots_through_pages(raw: torch.Tensor, page_table: torch.Tensor, page_size: int) -> torch.Tensor:
-    """``page_table[r, i // page_size] * page_size + i % page_size``; -1 for -1, pages past the table, negative entries."""
+    """``page_table[r, i // page_size] * page_size + i % page_size``.
+
+    -1 for raw -1, for a page index past the table and for a negative table entry.
+    """
     page_index = raw.div(page_size, rounding_mode="floor")
     mapped = (raw >= 0) & (page_index < page_table.shape[1])
     if page_table.shape[1] == 0:

@@ -80,7 +80,7 @@ def model1_pack(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     x = round_bf16(kv)
     n = x.shape[0]
-    tiles = x[:, :MODEL1_NOPE_DIM].reshape(n, -1, MODEL1_TILE)
+    tiles = x[:, :MODEL1_NOPE_DIM].reshape(n, MODEL1_NOPE_DIM // MODEL1_TILE, MODEL1_TILE)
     exponent = tile_scale_exponent(tiles)
     codes = _scaled_codes(tiles, exponent).reshape(n, MODEL1_NOPE_DIM)
     rope = x[:, MODEL1_NOPE_DIM:].to(torch.bfloat16).contiguous().view(torch.uint8)
@@ -92,7 +92,7 @@ def model1_pack(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def model1_unpack(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """(data [N, 576], scales [N, 8]) -> float32 [N, 512]; scale byte b means 2^(b-127), 255 is NaN."""
     n = data.shape[0]
-    nope = decode_e4m3(data[:, :MODEL1_NOPE_DIM]).reshape(n, -1, MODEL1_TILE)
+    nope = decode_e4m3(data[:, :MODEL1_NOPE_DIM]).reshape(n, MODEL1_NOPE_DIM // MODEL1_TILE, MODEL1_TILE)
     exps = scales[:, : nope.shape[1]].to(torch.int32) - 127
     mult = torch.ldexp(torch.ones(exps.shape), exps.float())
     mult = torch.where(scales[:, : nope.shape[1]] == 255, torch.nan, mult)
@@ -104,7 +104,7 @@ def v32_pack(kv: torch.Tensor) -> torch.Tensor:
     """[N, 576] values -> [N, 656] uint8 V32 entries (512 e4m3, 4 fp32 scales, 64 bf16)."""
     x = round_bf16(kv)
     n = x.shape[0]
-    tiles = x[:, :V32_NOPE_DIM].reshape(n, -1, V32_TILE)
+    tiles = x[:, :V32_NOPE_DIM].reshape(n, V32_NOPE_DIM // V32_TILE, V32_TILE)
     exponent = tile_scale_exponent(tiles)
     codes = _scaled_codes(tiles, exponent).reshape(n, V32_NOPE_DIM)
     scale = torch.ldexp(torch.ones(exponent.shape), exponent.float()).contiguous()
@@ -115,7 +115,7 @@ def v32_pack(kv: torch.Tensor) -> torch.Tensor:
 def v32_unpack(entries: torch.Tensor) -> torch.Tensor:
     """[N, 656] uint8 -> float32 [N, 576]."""
     n = entries.shape[0]
-    nope = decode_e4m3(entries[:, :V32_NOPE_DIM]).reshape(n, -1, V32_TILE)
+    nope = decode_e4m3(entries[:, :V32_NOPE_DIM]).reshape(n, V32_NOPE_DIM // V32_TILE, V32_TILE)
     scale = entries[:, V32_NOPE_DIM : V32_NOPE_DIM + 16].contiguous().view(torch.float32)
     rope = entries[:, V32_NOPE_DIM + 16 :].contiguous().view(torch.bfloat16).float()
     return torch.cat([(nope * scale.unsqueeze(-1)).reshape(n, V32_NOPE_DIM), rope], dim=1)
