@@ -64,6 +64,15 @@ def test_empty(isa, rows, cols):
                   random_block_table(), 4)
 
 
+@pytest.mark.parametrize("num_requests,max_blocks", [(NUM_REQUESTS, 0), (0, MAX_BLOCKS)])
+def test_empty_block_table_maps_nothing(isa, num_requests, max_blocks):
+    local = random_local(3, 16, 4, torch.int64)
+    block_table = torch.empty(num_requests, max_blocks, dtype=torch.int32)
+    out = ops.map_local_to_global_slots(local, torch.zeros(3, dtype=torch.int64), block_table, 4)
+    assert torch.all(out == -1)
+    run_and_check(local, torch.zeros(3, dtype=torch.int64), block_table, 4)
+
+
 def test_reference_by_hand():
     block_table = torch.tensor([[5, 2, UNALLOCATED], [7, 0, 1]])
     local = torch.tensor([[0, 3, 4, 7, 8, 12, -1], [0, 5, 11, 12, -1, 2, 9]], dtype=torch.int32)

@@ -327,7 +327,7 @@ def paged_logits_args(next_n=2, lens_rank=1):
     lens = torch.tensor([5, 9], dtype=torch.int32)
     return dict(
         q=random_fp8(batch, next_n, heads, INDEXER_HEAD_DIM),
-        kv_cache=indexer_cache(5, block_size, pad_bytes=12),
+        kv_cache=indexer_cache(5, block_size, pad_bytes=12).view(5, block_size, 1, -1),  # DeepGEMM's 4-D view
         weights=torch.randn(batch * next_n, heads),
         context_lens=lens if lens_rank == 1 else torch.stack([lens] * next_n, dim=1),
         block_table=torch.tensor([[3, 0, 1], [2, 4, 1]], dtype=torch.int32),

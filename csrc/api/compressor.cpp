@@ -72,6 +72,8 @@ void compress_common(const char* op, int64_t head_dim, int64_t bytes_per_entry, 
   DSV4_CHECK(p.coff == 1 || p.coff == 2, op, "argument 'state_cache' implies coff = ", p.coff, "; expected 1 or 2");
   p.gather_slots = index_view({op, "gather_slots"}, gather_slots, 2);
   p.window = p.coff * ratio;
+  DSV4_CHECK(p.window <= kMaxCompressWindow, op, "argument 'compress_ratio' ", ratio, " gives coff * compress_ratio = ",
+             p.window, " window rows, more than the supported ", kMaxCompressWindow);
   check_size({op, "gather_slots"}, gather_slots, 1, p.window);
   const int64_t n = gather_slots.size(0);
   p.positions = index_view({op, "positions"}, positions, 1);

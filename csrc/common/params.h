@@ -81,6 +81,8 @@ struct SavePartialStatesParams {
   StateCache state;  // rows of 2 * width
 };
 
+constexpr int64_t kMaxCompressWindow = 256;  // coff * ratio rows pooled per entry (8 for C4, 128 for C128)
+
 struct CompressNormRopeStoreParams {
   StateCache state;  // read only
   IndexView gather_slots;  // [num_tokens, window]

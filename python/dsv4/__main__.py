@@ -1,4 +1,4 @@
-"""``python -m dsv4 info | demo``: build information and an end-to-end demo of the cache writers."""
+"""``python -m dsv4 info | demo | bench``: build information, a demo of the cache writers, benchmarks."""
 
 from __future__ import annotations
 
@@ -66,11 +66,20 @@ def main(argv: list[str] | None = None) -> int:
     p_demo = sub.add_parser("demo", help="run the KV-cache writers on a small prefill and check the bytes")
     p_demo.add_argument("--tokens", type=int, default=200)
     p_demo.add_argument("--heads", type=int, default=64)
+    p_bench = sub.add_parser("bench", help="time the CPU ops against the reference and the vLLM peer")
+    p_bench.add_argument("--tokens", type=int, default=256)
+    p_bench.add_argument("--no-reference", action="store_true", help="skip timing the (slow) references")
+    p_bench.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.command == "info":
         info(args.json)
     elif args.command == "demo":
         demo(args.tokens, args.heads)
+    elif args.command == "bench":
+        from . import bench
+
+        hardware, results = bench.run(args.tokens, with_reference=not args.no_reference)
+        print(bench.report(hardware, results, args.json))
     return 0
 
 

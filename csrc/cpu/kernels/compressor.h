@@ -32,21 +32,27 @@ inline void compress_norm_rope_store(const CompressNormRopeStoreParams& p) {
       int64_t off;
       uint8_t* page = slot_page(p.cache, index_at(p.kv_slots, t), &off);
       if (!page) continue;
-      // Online per-channel softmax over the window rows; row w uses projection half w / ratio.
-      for (int64_t d = 0; d < dim; ++d) acc[d] = 0.0f, denom[d] = 0.0f, run_max[d] = -INFINITY;
-      bool any = false;
+      // Per-channel softmax over the valid window rows (max first, then one exp per element);
+      // row w uses projection half w / ratio.
+      const float* kv_rows[kMaxCompressWindow];
+      int64_t num_rows = 0;
       for (int64_t w = 0; w < p.window; ++w) {
         const float* row = state_row(p.state, index_at(p.gather_slots, t, w));
-        if (!row) continue;
-        any = true;
-        const float* kv = row + (w / p.ratio) * dim;
+        if (row) kv_rows[num_rows++] = row + (w / p.ratio) * dim;
+      }
+      const bool any = num_rows > 0;
+      for (int64_t d = 0; d < dim; ++d) acc[d] = 0.0f, denom[d] = 0.0f, run_max[d] = -INFINITY;
+      for (int64_t r = 0; r < num_rows; ++r) {
+        const float* score = kv_rows[r] + width;
+        for (int64_t d = 0; d < dim; ++d) run_max[d] = score[d] > run_max[d] ? score[d] : run_max[d];
+      }
+      for (int64_t r = 0; r < num_rows; ++r) {
+        const float* kv = kv_rows[r];
         const float* score = kv + width;
         for (int64_t d = 0; d < dim; ++d) {
-          const float m = score[d] > run_max[d] ? score[d] : run_max[d];
-          const float rescale = std::exp(run_max[d] - m), weight = std::exp(score[d] - m);
-          acc[d] = acc[d] * rescale + weight * kv[d];
-          denom[d] = denom[d] * rescale + weight;
-          run_max[d] = m;
+          const float weight = std::exp(score[d] - run_max[d]);
+          acc[d] += weight * kv[d];
+          denom[d] += weight;
         }
       }
       if (!any) continue;  // no state row to pool: nothing is written

@@ -11,7 +11,8 @@ inline void quantize_kv_insert(const QuantizeKvInsertParams& p) {
       uint8_t* page = slot_page(p.cache, index_at(p.slots, t), &off);
       if (!page) continue;
       const void* src = static_cast<const char*>(p.kv) + t * p.kv_stride * dtype_bytes(p.dtype);
-      for (int64_t i = 0; i < dim; ++i) row[i] = round_bf16(load_as_f32(src, p.dtype, i));
+      load_row_f32(src, p.dtype, dim, row);
+      for (int64_t i = 0; i < dim; ++i) row[i] = round_bf16(row[i]);
       if (p.layout == KvLayout::model1) model1_store(page, p.cache.block_size, off, row, row + kModel1NopeDim);
       else v32_store(page, off, row);
     }
@@ -54,7 +55,7 @@ inline void qnorm_rope_kv_insert(const QNormRopeKvInsertParams& p) {
       const float inv_rms = 1.0f / std::sqrt(sum_squares(row, dim) / float(dim) + p.eps);
       for (int64_t d = 0; d < dim; ++d) row[d] *= inv_rms;
       rope_rotate(row + kModel1NopeDim, p.rope, index_at(p.positions, t), 1.0f);
-      for (int64_t d = 0; d < dim; ++d) store_from_f32(dst, p.dtype, d, row[d]);
+      store_row_from_f32(dst, p.dtype, dim, row);
     }
   });
   // KV: RoPE on the last 64 dims, then MODEL1 quantize + insert.

@@ -45,22 +45,22 @@ inline uint16_t f32_to_f16(float f) {  // round to nearest even
   return uint16_t(sign | uint16_t((b >> 13) - (112u << 10)));
 }
 
-inline float load_as_f32(const void* p, DType dtype, int64_t i) {
-  switch (dtype) {
-    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
-}
-inline void store_from_f32(void* p, DType dtype, int64_t i, float v) {
-  switch (dtype) {
-    case DType::bf16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(v); break;
-    case DType::f16: static_cast<uint16_t*>(p)[i] = f32_to_f16(v); break;
-    default: static_cast<float*>(p)[i] = v;
-  }
-}
+// Row conversions with the dtype switch hoisted out of the loop, so each loop vectorizes.
 inline void load_row_f32(const void* p, DType dtype, int64_t n, float* dst) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = load_as_f32(p, dtype, i);
+  const uint16_t* half = static_cast<const uint16_t*>(p);
+  switch (dtype) {
+    case DType::bf16: for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(half[i]); break;
+    case DType::f16: for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(half[i]); break;
+    default: std::memcpy(dst, p, n * sizeof(float));
+  }
+}
+inline void store_row_from_f32(void* p, DType dtype, int64_t n, const float* src) {
+  uint16_t* half = static_cast<uint16_t*>(p);
+  switch (dtype) {
+    case DType::bf16: for (int64_t i = 0; i < n; ++i) half[i] = f32_to_bf16(src[i]); break;
+    case DType::f16: for (int64_t i = 0; i < n; ++i) half[i] = f32_to_f16(src[i]); break;
+    default: std::memcpy(p, src, n * sizeof(float));
+  }
 }
 
 inline int64_t index_at(const IndexView& v, int64_t row, int64_t col = 0) {
@@ -101,13 +101,25 @@ inline uint8_t f32_to_e4m3(float x) {
   return uint8_t(sign | code);
 }
 
-inline float e4m3_to_f32(uint8_t c) {
+inline float e4m3_to_f32_exact(uint8_t c) {
   const uint32_t exp = (c >> 3) & 0xfu, man = c & 7u;
   float v;
   if (exp == 0) v = std::ldexp(float(man), -9);
   else if (exp == 15 && man == 7) v = NAN;
   else v = std::ldexp(float(8u + man), int(exp) - 10);
   return (c & 0x80u) ? -v : v;
+}
+
+// All 256 e4m3 values, built once: decoding is one table load.
+struct E4m3Table {
+  float value[256];
+  E4m3Table() {
+    for (int c = 0; c < 256; ++c) value[c] = e4m3_to_f32_exact(uint8_t(c));
+  }
+};
+inline float e4m3_to_f32(uint8_t c) {
+  static const E4m3Table table;
+  return table.value[c];
 }
 
 inline float abs_max(const float* x, int64_t n) {

@@ -9,7 +9,7 @@ inline void inverse_rope(const InverseRopeParams& p) {
       load_row_f32(static_cast<const char*>(p.o) + (t * p.o_stride_t + h * p.o_stride_h) * esize, p.dtype, p.head_dim, row);
       rope_rotate(row + p.head_dim - p.rope.rope_dim, p.rope, index_at(p.positions, t), -1.0f);
       char* dst = static_cast<char*>(p.out) + i * p.head_dim * dtype_bytes(p.out_dtype);
-      for (int64_t d = 0; d < p.head_dim; ++d) store_from_f32(dst, p.out_dtype, d, row[d]);
+      store_row_from_f32(dst, p.out_dtype, p.head_dim, row);
     }
   });
 }

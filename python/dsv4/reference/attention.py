@@ -83,8 +83,7 @@ def _cache_table(cache, indices, lengths, block_size, d_qk):
     if lengths is not None:
         valid &= torch.arange(indices.shape[-1]) < lengths.long()[:, None, None]
     slots, inverse = torch.unique(indices[valid].long(), return_inverse=True)
-    read = CACHE_LAYOUTS[d_qk][0]
-    rows = read(cache, slots, block_size) if slots.numel() else torch.zeros(0, d_qk)
+    rows = CACHE_LAYOUTS[d_qk][0](cache, slots, block_size)
     row_ids = torch.zeros(indices.shape, dtype=torch.int64)
     row_ids[valid] = inverse
     return valid, rows, row_ids

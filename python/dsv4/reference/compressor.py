@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from ..constants import INDEXER_HEAD_DIM, MODEL1_HEAD_DIM, MODEL1_NOPE_DIM, ROPE_DIM
+from ..constants import INDEXER_HEAD_DIM, MODEL1_HEAD_DIM
 from . import quant
+from .writers import apply_rope
 
 
 def save_partial_states(
@@ -34,15 +35,6 @@ def save_partial_states(
     rows = torch.cat([kv.float(), score.float() + ape.float()[positions.long() % ape.shape[0]]], dim=1)
     kept = slots[keep]
     state_cache[kept // block_size, kept % block_size] = rows[keep]
-
-
-def _rope_gptj(x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> torch.Tensor:
-    """GPT-J (interleaved pairs) rotation of x ``[T, rope_dim]`` at table rows ``positions``."""
-    half = cos_sin_cache.shape[1] // 2
-    table = cos_sin_cache.float()[positions.long()]
-    cos, sin = table[:, :half], table[:, half:]
-    even, odd = x[:, 0::2], x[:, 1::2]
-    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(1)
 
 
 def pooled_normed_entries(
@@ -74,10 +66,16 @@ def pooled_normed_entries(
     return pooled * inv_rms * rms_norm_weight.float(), valid.any(dim=1)
 
 
-def _writing_slots(positions, kv_slot_mapping, has_valid_row, compress_ratio) -> torch.Tensor:
+def _rotated_entries(state_cache, gather_slots, positions, kv_slot_mapping, rms_norm_weight, rms_norm_eps,
+                     cos_sin_cache, compress_ratio, head_dim) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pooled, normed entries rotated at ``(p // R) * R`` ``[T, head_dim]``, the slot each writes or -1)."""
+    entries, has_row = pooled_normed_entries(state_cache, gather_slots, rms_norm_weight, rms_norm_eps,
+                                             compress_ratio, head_dim)
+    positions = positions.long()
+    entries = apply_rope(entries, positions // compress_ratio * compress_ratio, cos_sin_cache)
     # Only the last token of a group writes, and only when its window pooled at least one row.
-    closes_group = (positions.long() + 1) % compress_ratio == 0
-    return torch.where(closes_group & has_valid_row, kv_slot_mapping.long(), -1)
+    writes = ((positions + 1) % compress_ratio == 0) & has_row
+    return entries, torch.where(writes, kv_slot_mapping.long(), -1)
 
 
 def compress_norm_rope_store(
@@ -99,11 +97,8 @@ def compress_norm_rope_store(
     bf16-rounded then tile-quantized, RoPE stored bf16). A token whose window has no valid row
     writes nothing (its softmax would be 0/0): the cache entry keeps its old bytes.
     """
-    entries, has_row = pooled_normed_entries(state_cache, gather_slots, rms_norm_weight, rms_norm_eps,
-                                             compress_ratio, MODEL1_HEAD_DIM)
-    rope_positions = positions.long() // compress_ratio * compress_ratio
-    entries[:, MODEL1_NOPE_DIM:] = _rope_gptj(entries[:, MODEL1_NOPE_DIM:], rope_positions, cos_sin_cache)
-    slots = _writing_slots(positions, kv_slot_mapping, has_row, compress_ratio)
+    entries, slots = _rotated_entries(state_cache, gather_slots, positions, kv_slot_mapping, rms_norm_weight,
+                                      rms_norm_eps, cos_sin_cache, compress_ratio, MODEL1_HEAD_DIM)
     quant.model1_write(kv_cache, slots, block_size, entries)
 
 
@@ -125,11 +120,7 @@ def compress_norm_rope_store_indexer(
     bf16-rounded and quantized with one power-of-two fp32 scale (:func:`.quant.indexer_k_pack`).
     A token whose window has no valid row writes nothing.
     """
-    entries, has_row = pooled_normed_entries(state_cache, gather_slots, rms_norm_weight, rms_norm_eps,
-                                             compress_ratio, INDEXER_HEAD_DIM)
-    rope_positions = positions.long() // compress_ratio * compress_ratio
-    rope_start = INDEXER_HEAD_DIM - ROPE_DIM
-    entries[:, rope_start:] = _rope_gptj(entries[:, rope_start:], rope_positions, cos_sin_cache)
-    slots = _writing_slots(positions, kv_slot_mapping, has_row, compress_ratio)
+    entries, slots = _rotated_entries(state_cache, gather_slots, positions, kv_slot_mapping, rms_norm_weight,
+                                      rms_norm_eps, cos_sin_cache, compress_ratio, INDEXER_HEAD_DIM)
     codes, scales = quant.indexer_k_pack(entries)
     quant.indexer_k_write(kv_cache, slots, block_size, codes, scales)

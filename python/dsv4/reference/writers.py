@@ -90,6 +90,8 @@ def map_local_to_global_slots(
 ) -> torch.Tensor:
     """``block_table[req_ids[r], local // bs] * bs + local % bs`` in local's dtype; -1 where the local
     index is negative, its block is past the table, the request id is out of range or the table entry < 0."""
+    if block_table.numel() == 0:
+        return torch.full(local.shape, -1, dtype=local.dtype)
     local64 = local.long()
     reqs = req_ids.long().unsqueeze(1).expand_as(local64)
     blocks = torch.where(local64 >= 0, local64 // block_size, -1)
