@@ -143,3 +143,92 @@ struct InverseRopeParams {
 };
 
 }  // namespace dsv4
+
+namespace dsv4 {
+
+// ---- lightning indexer ----
+
+struct PagedMqaLogitsParams {
+  const uint8_t* q = nullptr;  // e4m3, contiguous [batch * next_n, num_heads, head_dim]
+  int64_t batch = 0, next_n = 1, num_heads = 0, head_dim = 0;
+  const float* weights = nullptr;  // [batch * next_n, num_heads], row stride w_stride
+  int64_t w_stride = 0;
+  IndexView context_lens;  // [batch] or [batch, next_n]
+  bool lens_per_row = false;  // true for [batch, next_n]
+  IndexView block_table;  // [batch, max_blocks]
+  int64_t max_blocks = 0;
+  PagedCache cache;  // indexer K pages (head_dim e4m3 bytes per entry, then one fp32 scale per entry)
+  int64_t max_context_len = 0;
+  bool clean_logits = true;
+  float* out = nullptr;  // [batch * next_n, max_context_len], row stride out_stride
+  int64_t out_stride = 0;
+};
+
+struct MqaLogitsParams {
+  const uint8_t* q = nullptr;  // e4m3 [rows, num_heads, head_dim], strides q_stride_m / q_stride_h, last dim contiguous
+  int64_t rows = 0, num_heads = 0, head_dim = 0, q_stride_m = 0, q_stride_h = 0;
+  const uint8_t* k = nullptr;  // e4m3 [num_keys, head_dim], row stride k_stride
+  int64_t num_keys = 0, k_stride = 0;
+  const float* k_scale = nullptr;  // [num_keys]
+  const float* weights = nullptr;  // [rows, num_heads], row stride w_stride
+  int64_t w_stride = 0;
+  IndexView ks, ke;  // [rows]
+  bool clean_logits = true;
+  float* out = nullptr;  // [rows, num_keys], row stride out_stride
+  int64_t out_stride = 0;
+};
+
+struct TopkTransformParams {
+  const float* scores = nullptr;  // [rows, width], row stride score_stride
+  int64_t rows = 0, width = 0, score_stride = 0;
+  IndexView lengths;  // [rows]
+  IndexView row_starts;  // [rows]; data == nullptr means all rows start at 0
+  IndexView page_table;  // [rows, max_pages]; data == nullptr means no translation
+  int64_t max_pages = 0, page_size = 0;
+  int64_t k = 0;
+  int32_t* raw = nullptr;  // [rows, k], row stride raw_stride
+  int32_t* slots = nullptr;  // [rows, k] or nullptr, row stride slot_stride
+  int64_t raw_stride = 0, slot_stride = 0;
+};
+
+// ---- sparse MLA attention ----
+
+// One set of attended entries per query: slot ids into a paged fp8 cache.
+struct SparseIndexSet {
+  const void* indices = nullptr;  // [b, s_q, topk]; nullptr: the set is absent
+  bool is_int64 = false;
+  int64_t stride_b = 0, stride_s = 0, stride_k = 1, topk = 0;
+  IndexView lengths;  // [b]; data == nullptr: all topk columns are candidates
+  PagedCache cache;
+};
+
+struct SparseMlaDecodeParams {
+  const uint16_t* q = nullptr;  // bf16 [b, s_q, h_q, d_qk], last dim contiguous
+  int64_t b = 0, s_q = 0, h_q = 0, d_qk = 0, q_stride_b = 0, q_stride_s = 0, q_stride_h = 0;
+  KvLayout layout = KvLayout::model1;  // d_qk 512: MODEL1, 576: V32
+  SparseIndexSet main, extra;
+  const float* attn_sink = nullptr;  // [h_q] or nullptr
+  int64_t d_v = 512;
+  float sm_scale = 0.0f;
+  uint16_t* out = nullptr;  // bf16, contiguous [b, s_q, h_q, d_v]
+  float* lse = nullptr;  // contiguous [b, h_q, s_q]
+};
+
+struct SparseMlaPrefillParams {
+  const uint16_t* q = nullptr;  // bf16 [s_q, h_q, d_qk], last dim contiguous
+  int64_t s_q = 0, h_q = 0, d_qk = 0, q_stride_s = 0, q_stride_h = 0;
+  const uint16_t* kv = nullptr;  // bf16 [s_kv, d_qk], row stride kv_stride
+  int64_t s_kv = 0, kv_stride = 0;
+  const void* indices = nullptr;  // [s_q, topk]
+  bool is_int64 = false;
+  int64_t idx_stride_s = 0, idx_stride_k = 1, topk = 0;
+  IndexView topk_length;  // [s_q]; data == nullptr: all columns are candidates
+  const float* attn_sink = nullptr;
+  int64_t d_v = 512;
+  float sm_scale = 0.0f;
+  uint16_t* out = nullptr;  // bf16, contiguous [s_q, h_q, d_v]
+  float* max_logits = nullptr;  // contiguous [s_q, h_q]
+  float* lse = nullptr;  // contiguous [s_q, h_q]
+};
+
+}  // namespace dsv4

@@ -19,6 +19,11 @@ struct CpuKernels {
   void (*indexer_k_quant_insert)(const IndexerKQuantInsertParams&);
   void (*map_local_to_global_slots)(const MapLocalToGlobalSlotsParams&);
   void (*inverse_rope)(const InverseRopeParams&);
+  void (*fp8_paged_mqa_logits)(const PagedMqaLogitsParams&);
+  void (*fp8_mqa_logits)(const MqaLogitsParams&);
+  void (*topk_transform)(const TopkTransformParams&);
+  void (*sparse_mla_decode)(const SparseMlaDecodeParams&);
+  void (*sparse_mla_prefill)(const SparseMlaPrefillParams&);
 };
 
 const CpuKernels& kernels_generic();

@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     p_demo.add_argument("--tokens", type=int, default=200)
     p_demo.add_argument("--heads", type=int, default=64)
     p_bench = sub.add_parser("bench", help="time the CPU ops against the reference and the vLLM peer")
-    p_bench.add_argument("--tokens", type=int, default=256)
+    p_bench.add_argument("--op", choices=["all", "writers", "indexer", "attention"], default="all")
+    p_bench.add_argument("--quick", action="store_true", help="small shapes (a smoke run)")
     p_bench.add_argument("--no-reference", action="store_true", help="skip timing the (slow) references")
     p_bench.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -78,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "bench":
         from . import bench
 
-        hardware, results = bench.run(args.tokens, with_reference=not args.no_reference)
+        groups = list(bench.GROUPS) if args.op == "all" else [args.op]
+        hardware, results = bench.run(groups, quick=args.quick, with_reference=not args.no_reference)
         print(bench.report(hardware, results, args.json))
     return 0
 

