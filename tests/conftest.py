@@ -9,6 +9,10 @@ import dsv4
 
 ALL_ISAS = ("amx", "avx512", "avx2", "generic")
 SUPPORTED_ISAS = tuple(torch.ops.dsv4.supported_cpu_isas().split(","))
+PAGE_SIZES = (1, 2, 61, 64, 256)  # block sizes every paged-cache test covers
+INDEX_DTYPES = (torch.int32, torch.int64)
+MAX_POSITION = 300  # rows of the RoPE table in the rope op tests
+BOUNDARY_POSITIONS = (0, 127, 128, MAX_POSITION - 1)  # window / compression edges and the table's end
 
 
 def pytest_report_header(config):
@@ -55,11 +59,31 @@ def column_slice(values: torch.Tensor, extra_columns: int = 64) -> torch.Tensor:
     return view
 
 
-def distinct_slots(num_slots: int, capacity: int, skip_fraction: float) -> torch.Tensor:
-    """int64 slot ids, no two alike (so no two tokens write one entry), about skip_fraction of them -1."""
+def distinct_slots(num_slots: int, capacity: int, skip_fraction: float | None = None, *, skip_every: int | None = None,
+                   index_dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """Slot ids, no two alike (so no two tokens write one entry), some of them -1: about skip_fraction of them at
+    random or, with skip_every, exactly every skip_every-th one from the second on."""
     slots = torch.randperm(capacity)[:num_slots]
-    slots[torch.rand(num_slots) < skip_fraction] = -1
-    return slots
+    if skip_every is None:
+        slots[torch.rand(num_slots) < skip_fraction] = -1
+    else:
+        slots[1::skip_every] = -1
+    return slots.to(index_dtype)
+
+
+def random_positions(tokens: int, index_dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """Random positions below MAX_POSITION whose first ones are BOUNDARY_POSITIONS."""
+    positions = torch.randint(0, MAX_POSITION, (tokens,))
+    edges = torch.tensor(BOUNDARY_POSITIONS[:tokens])
+    positions[: len(edges)] = edges
+    return positions.to(index_dtype)
+
+
+def with_last(t: torch.Tensor, value: int) -> torch.Tensor:
+    """A copy of t with its last entry set to value (an out-of-range index for the bad-input tests)."""
+    t = t.clone()
+    t[-1] = value
+    return t
 
 
 def rope_table(max_pos: int, rope_dim: int = 64, base: float = 10000.0) -> torch.Tensor:
@@ -69,9 +93,38 @@ def rope_table(max_pos: int, rope_dim: int = 64, base: float = 10000.0) -> torch
     return torch.cat([angles.cos(), angles.sin()], dim=1).float()
 
 
-def pages_with_padding(cache: torch.Tensor) -> torch.Tensor:
-    """The whole [num_blocks, stride(0)] allocation behind a random_pages cache, padding bytes included."""
-    return cache.as_strided((cache.shape[0], cache.stride(0)), (cache.stride(0), 1))
+def entry_byte_index(cache: torch.Tensor, slots: torch.Tensor, block_size: int, region_start: int,
+                     entry_bytes: int) -> torch.Tensor:
+    """Indices into storage_bytes(cache) [N, entry_bytes] of each slot's entry in one region of a paged byte cache
+    (page stride cache.stride(0)): the region starts region_start bytes into the page, entries are entry_bytes."""
+    page_start = cache.storage_offset() + (slots // block_size) * cache.stride(0) + region_start
+    return page_start[:, None] + (slots % block_size)[:, None] * entry_bytes + torch.arange(entry_bytes)
+
+
+def assert_equal_outside(actual: torch.Tensor, expected: torch.Tensor, written: list[torch.Tensor],
+                         message: str = "bytes outside the written entries changed") -> None:
+    """Every byte of the storage behind actual, padding included, equals expected's except at the storage byte
+    indices in written."""
+    got, want = storage_bytes(actual), storage_bytes(expected)
+    keep = torch.ones_like(got, dtype=torch.bool)
+    for index in written:
+        keep[index] = False
+    assert torch.equal(got[keep], want[keep]), message
+
+
+def assert_rejects(op, args: dict, message: str, *, unchanged: tuple[str, ...] = ()) -> None:
+    """op(**args) raises a RuntimeError matching the regex message, and writes no byte of the storage behind the
+    arguments named in unchanged."""
+    before = {name: storage_bytes(args[name]).clone() for name in unchanged}
+    with pytest.raises(RuntimeError, match=message):
+        op(**args)
+    for name, saved in before.items():
+        assert torch.equal(storage_bytes(args[name]), saved), f"a rejected call must not write {name!r}"
+
+
+def replaced(**changes):
+    """A bad-input corruption that sets the given arguments."""
+    return lambda args: args.update(changes)
 
 
 def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

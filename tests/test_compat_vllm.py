@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import clone_storage, random_pages, rope_table, storage_bytes
+from conftest import clone_storage, distinct_slots, random_pages, rope_table, storage_bytes
 from dsv4 import ops
 from dsv4.cache import indexer_k_page_bytes, kv_page_bytes
 from dsv4.compat import vllm_cpu as compat
@@ -21,12 +21,7 @@ ROPE_ROWS = 512
 EPS = 1e-6
 TOPK = compat.VLLM_TOPK
 UNTOUCHED = -7  # fill value of output columns the op must not write
-
-
-def distinct_slots(count: int, capacity: int) -> torch.Tensor:
-    slots = torch.randperm(capacity)[:count]
-    slots[1::4] = -1
-    return slots
+SKIP_EVERY = 4  # every fourth slot is -1: each case both writes and skips
 
 
 def model1_pages() -> torch.Tensor:
@@ -44,7 +39,7 @@ def test_fused_qnorm_rope_kv_insert_cpu():
     q = torch.randn(tokens, heads, MODEL1_HEAD_DIM).bfloat16()
     kv = torch.randn(tokens + 2, MODEL1_HEAD_DIM).bfloat16()
     positions = torch.randint(0, ROPE_ROWS, (tokens,))
-    slots = distinct_slots(tokens - 1, NUM_BLOCKS * BLOCK_SIZE)
+    slots = distinct_slots(tokens - 1, NUM_BLOCKS * BLOCK_SIZE, skip_every=SKIP_EVERY)
     cos_sin = rope_table(ROPE_ROWS)
     cache_compat = model1_pages()
     cache_ops, before = clone_storage(cache_compat), clone_storage(cache_compat)
@@ -78,7 +73,7 @@ def test_save_partial_states_cpu():
     kv, score = torch.randn(tokens, width), torch.randn(tokens, width)
     ape = torch.randn(ratio, width)
     positions = torch.randint(0, 100, (tokens,))
-    slots = distinct_slots(tokens, 2 * 8)
+    slots = distinct_slots(tokens, 2 * 8, skip_every=SKIP_EVERY)
     state_compat = torch.randn(2, 8, 2 * width)
     state_ops = state_compat.clone()
     compat.save_partial_states_cpu(kv, score, ape, positions, state_compat, slots)
@@ -92,7 +87,7 @@ def test_compress_norm_rope_store_cpu(head_dim):
     state = torch.randn(2, 16, 2 * coff * head_dim)
     gather = torch.randint(0, 32, (tokens, coff * ratio))
     positions = torch.arange(tokens) * ratio + ratio - 1
-    kv_slots = distinct_slots(tokens, NUM_BLOCKS * BLOCK_SIZE)
+    kv_slots = distinct_slots(tokens, NUM_BLOCKS * BLOCK_SIZE, skip_every=SKIP_EVERY)
     norm_weight = torch.rand(head_dim) + 0.5
     cos_sin = rope_table(ROPE_ROWS)
     if head_dim == MODEL1_HEAD_DIM:

@@ -12,7 +12,19 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from conftest import clone_storage, column_slice, distinct_slots, random_pages, rope_table, storage_bytes
+from conftest import (
+    PAGE_SIZES,
+    assert_equal_outside,
+    assert_rejects,
+    clone_storage,
+    column_slice,
+    distinct_slots,
+    entry_byte_index,
+    random_pages,
+    rope_table,
+    storage_bytes,
+    ulp_distance,
+)
 from dsv4 import ops
 from dsv4.constants import (
     INDEXER_HEAD_DIM,
@@ -26,7 +38,6 @@ from dsv4.constants import (
 )
 from dsv4.reference import compressor as ref
 
-PAGE_SIZES = (1, 2, 61, 64, 256)
 COFF = {4: 2, 128: 1}  # compress ratio -> state row halves (C4 windows overlap the previous group)
 STATE_BLOCK_SIZE = {4: 4, 128: 8}  # vLLM's state block sizes per ratio
 STATE_BLOCKS = 40
@@ -179,24 +190,21 @@ def written_slots(case: CompressCase) -> torch.Tensor:
     return slots[closes & has_row & (slots >= 0)]
 
 
-def entry_byte_index(cache: torch.Tensor, slots: torch.Tensor, block_size: int, data_bytes: int, scale_bytes: int):
+def data_and_scale_index(cache: torch.Tensor, slots: torch.Tensor, block_size: int, data_bytes: int,
+                         scale_bytes: int) -> torch.Tensor:
     """Storage byte indices [N, data_bytes + scale_bytes] of each slot's entry: its data, then its scales."""
-    base = cache.storage_offset() + (slots // block_size) * cache.stride(0)
-    offset = slots % block_size
-    data = base[:, None] + offset[:, None] * data_bytes + torch.arange(data_bytes)
-    scales = base[:, None] + block_size * data_bytes + offset[:, None] * scale_bytes + torch.arange(scale_bytes)
-    return torch.cat([data, scales], dim=1)
+    return torch.cat([entry_byte_index(cache, slots, block_size, 0, data_bytes),
+                      entry_byte_index(cache, slots, block_size, block_size * data_bytes, scale_bytes)], dim=1)
 
 
-def e4m3_ordinal(codes: torch.Tensor) -> torch.Tensor:
-    """Signed step count of e4m3 codes (+0 and -0 both 0): adjacent values differ by 1."""
-    magnitude = (codes & 0x7F).int()
-    return torch.where(codes >= 0x80, -magnitude, magnitude)
+def e4m3_steps(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """Steps between e4m3 codes given as bytes (+0 and -0 both 0)."""
+    return ulp_distance(got.view(torch.float8_e4m3fn), want.view(torch.float8_e4m3fn))
 
 
-def bf16_ordinal(entry_bytes: torch.Tensor) -> torch.Tensor:
-    bits = entry_bytes.contiguous().view(torch.int16).int() & 0xFFFF
-    return torch.where(bits >= 0x8000, -(bits & 0x7FFF), bits)
+def bf16_steps(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """Steps between bf16 values given as byte pairs."""
+    return ulp_distance(got.contiguous().view(torch.bfloat16), want.contiguous().view(torch.bfloat16))
 
 
 def assert_model1_entries_close(got: torch.Tensor, want: torch.Tensor):
@@ -208,11 +216,11 @@ def assert_model1_entries_close(got: torch.Tensor, want: torch.Tensor):
     assert got[:, -1].eq(0).all() and want[:, -1].eq(0).all(), "pad byte must be 0"
     same_scale = got_scale == want_scale
     assert same_scale.float().mean() >= MIN_EQUAL_SCALE_TILES
-    code_diff = (e4m3_ordinal(got[:, :MODEL1_NOPE_DIM]) - e4m3_ordinal(want[:, :MODEL1_NOPE_DIM])).abs()
+    code_diff = e4m3_steps(got[:, :MODEL1_NOPE_DIM], want[:, :MODEL1_NOPE_DIM])
     tile_diff = code_diff.view(-1, MODEL1_NOPE_DIM // MODEL1_TILE, MODEL1_TILE).amax(dim=-1)
     assert tile_diff[same_scale].max() <= 1, "fp8 code differs by more than 1 in a tile with the same scale"
-    rope_diff = bf16_ordinal(got[:, MODEL1_NOPE_DIM:scale_at]) - bf16_ordinal(want[:, MODEL1_NOPE_DIM:scale_at])
-    assert rope_diff.abs().max() <= 1, "bf16 RoPE value differs by more than 1 ULP"
+    rope_diff = bf16_steps(got[:, MODEL1_NOPE_DIM:scale_at], want[:, MODEL1_NOPE_DIM:scale_at])
+    assert rope_diff.max() <= 1, "bf16 RoPE value differs by more than 1 ULP"
     exact = (got == want).float().mean().item()
     assert exact >= MIN_EXACT_BYTES, f"only {exact:.4f} of the written bytes are exactly the reference's"
 
@@ -222,23 +230,21 @@ def assert_indexer_entries_close(got: torch.Tensor, want: torch.Tensor):
     got_scale = got[:, INDEXER_HEAD_DIM:].contiguous().view(torch.float32)
     want_scale = want[:, INDEXER_HEAD_DIM:].contiguous().view(torch.float32)
     torch.testing.assert_close(got_scale, want_scale)
-    code_diff = (e4m3_ordinal(got[:, :INDEXER_HEAD_DIM]) - e4m3_ordinal(want[:, :INDEXER_HEAD_DIM])).abs()
+    code_diff = e4m3_steps(got[:, :INDEXER_HEAD_DIM], want[:, :INDEXER_HEAD_DIM])
     assert code_diff.max() <= 1, "fp8 code differs by more than 1"
 
 
 def assert_cache_matches(head_dim: int, case: CompressCase, expected: torch.Tensor):
     slots = written_slots(case)
     if head_dim == MODEL1_HEAD_DIM:
-        index = entry_byte_index(case.kv_cache, slots, case.block_size, MODEL1_DATA_BYTES, MODEL1_SCALE_BYTES)
+        index = data_and_scale_index(case.kv_cache, slots, case.block_size, MODEL1_DATA_BYTES, MODEL1_SCALE_BYTES)
     else:
-        index = entry_byte_index(case.kv_cache, slots, case.block_size, INDEXER_HEAD_DIM, 4)
+        index = data_and_scale_index(case.kv_cache, slots, case.block_size, INDEXER_HEAD_DIM, 4)
     got_all, want_all = storage_bytes(case.kv_cache), storage_bytes(expected)
     if slots.numel():
         check = assert_model1_entries_close if head_dim == MODEL1_HEAD_DIM else assert_indexer_entries_close
         check(got_all[index], want_all[index])
-    untouched = torch.ones_like(got_all, dtype=torch.bool)
-    untouched[index.flatten()] = False
-    assert torch.equal(got_all[untouched], want_all[untouched]), "bytes outside the written entries changed"
+    assert_equal_outside(case.kv_cache, expected, [index])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,9 +338,7 @@ SAVE_BAD_INPUTS = {
 @pytest.mark.parametrize("case", SAVE_BAD_INPUTS, ids=list(SAVE_BAD_INPUTS))
 def test_save_partial_states_rejects(case):
     overrides, pattern = SAVE_BAD_INPUTS[case]
-    args = save_args(**overrides)
-    with pytest.raises(RuntimeError, match=f"dsv4::save_partial_states.*{pattern}"):
-        ops.save_partial_states(**args)
+    assert_rejects(ops.save_partial_states, save_args(**overrides), f"dsv4::save_partial_states.*{pattern}")
 
 
 def compress_args(head_dim: int, **overrides) -> dict:
@@ -382,9 +386,6 @@ COMPRESS_BAD_INPUTS = {head_dim: compress_bad_inputs(head_dim) for head_dim in C
                          ids=[f"{h}-{c}" for h, cases in COMPRESS_BAD_INPUTS.items() for c in cases])
 def test_compress_rejects(head_dim, case):
     overrides, pattern = COMPRESS_BAD_INPUTS[head_dim][case]
-    args = compress_args(head_dim, **overrides)
-    before = storage_bytes(args["kv_cache"]).clone()
     name = COMPRESS_OPS[head_dim]
-    with pytest.raises(RuntimeError, match=f"dsv4::{name}:.*{pattern}"):
-        getattr(ops, name)(**args)
-    assert torch.equal(storage_bytes(args["kv_cache"]), before), "a rejected call must not write"
+    assert_rejects(getattr(ops, name), compress_args(head_dim, **overrides), f"dsv4::{name}:.*{pattern}",
+                   unchanged=("kv_cache",))

@@ -5,13 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import rope_table, ulp_distance
+from conftest import INDEX_DTYPES, MAX_POSITION, assert_rejects, random_positions, rope_table, ulp_distance, with_last
 from dsv4 import ops
 from dsv4.constants import FP8_MAX, INDEXER_AMAX_FLOOR, INDEXER_HEAD_DIM
 from dsv4.reference import writers
 
-MAX_POSITION = 300
-BOUNDARY_POSITIONS = (0, 127, 128, MAX_POSITION - 1)
 SOFTMAX_SCALE = INDEXER_HEAD_DIM**-0.5
 MAX_ULP = 1  # fp8 codes: at most one step from the reference
 MIN_EXACT_FRACTION = 0.99
@@ -22,14 +20,6 @@ FP8_SUBNORMAL_STEP = 2**-9  # e4m3 subnormal spacing, in units of the scale
 HEAD_MAGNITUDES = torch.tensor([1e-6, 1.0, 30.0, 1e3])
 
 HEAD_COUNTS = [1, 8, 16, 64, 128]
-INDEX_DTYPES = [torch.int32, torch.int64]
-
-
-def random_positions(tokens: int, index_dtype=torch.int64) -> torch.Tensor:
-    positions = torch.randint(0, MAX_POSITION, (tokens,))
-    edges = torch.tensor(BOUNDARY_POSITIONS[:tokens])
-    positions[: len(edges)] = edges
-    return positions.to(index_dtype)
 
 
 def random_q(tokens: int, heads: int, dtype=torch.float32) -> torch.Tensor:
@@ -135,12 +125,6 @@ def valid_args() -> dict:
                 weights_out=weights_out)
 
 
-def with_last(t: torch.Tensor, value: int) -> torch.Tensor:
-    t = t.clone()
-    t[-1] = value
-    return t
-
-
 BAD_INPUTS = {
     "q dtype": (lambda a: {**a, "q": a["q"].to(torch.int32)}, "argument 'q' must have dtype"),
     "q rank": (lambda a: {**a, "q": a["q"][:, 0]}, "argument 'q' must have 3 dimensions"),
@@ -174,7 +158,5 @@ BAD_INPUTS = {
 @pytest.mark.parametrize("case", BAD_INPUTS)
 def test_rejects_bad_input(case):
     mutate, message = BAD_INPUTS[case]
-    args = mutate(valid_args())
-    with pytest.raises(RuntimeError, match=f"dsv4::indexer_q_rope_quant: {message}"):
-        torch.ops.dsv4.indexer_q_rope_quant(**args)
+    assert_rejects(torch.ops.dsv4.indexer_q_rope_quant, mutate(valid_args()), f"dsv4::indexer_q_rope_quant: {message}")
 

@@ -5,26 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import rope_table, ulp_distance
+from conftest import INDEX_DTYPES, MAX_POSITION, assert_rejects, random_positions, rope_table, ulp_distance, with_last
 from dsv4 import ops
 from dsv4.constants import MODEL1_HEAD_DIM, ROPE_DIM, V32_HEAD_DIM
 from dsv4.reference import writers
 
-MAX_POSITION = 300
-BOUNDARY_POSITIONS = (0, 127, 128, MAX_POSITION - 1)
 MAX_ULP = 1  # in the output dtype, fp32 included: the op is one rotation in fp32
 MIN_EXACT_FRACTION = 0.99
 ROUND_TRIP_TOL = 1e-5
 
 HEAD_COUNTS = [1, 8, 16, 64, 128]
-INDEX_DTYPES = [torch.int32, torch.int64]
-
-
-def random_positions(tokens: int, index_dtype=torch.int64) -> torch.Tensor:
-    positions = torch.randint(0, MAX_POSITION, (tokens,))
-    edges = torch.tensor(BOUNDARY_POSITIONS[:tokens])
-    positions[: len(edges)] = edges
-    return positions.to(index_dtype)
 
 
 def run_and_check(o, positions, cos_sin, out_dtype):
@@ -120,12 +110,6 @@ def valid_args() -> dict:
                 out=torch.full(o.shape, float("nan")))
 
 
-def with_last(t: torch.Tensor, value: int) -> torch.Tensor:
-    t = t.clone()
-    t[-1] = value
-    return t
-
-
 BAD_INPUTS = {
     "o dtype": (lambda a: {**a, "o": a["o"].to(torch.int32)}, "argument 'o' must have dtype"),
     "o rank": (lambda a: {**a, "o": a["o"][:, 0]}, "argument 'o' must have 3 dimensions"),
@@ -153,6 +137,4 @@ BAD_INPUTS = {
 @pytest.mark.parametrize("case", BAD_INPUTS)
 def test_rejects_bad_input(case):
     mutate, message = BAD_INPUTS[case]
-    args = mutate(valid_args())
-    with pytest.raises(RuntimeError, match=f"dsv4::inverse_rope: {message}"):
-        torch.ops.dsv4.inverse_rope(**args)
+    assert_rejects(torch.ops.dsv4.inverse_rope, mutate(valid_args()), f"dsv4::inverse_rope: {message}")

@@ -10,7 +10,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import clone_storage, column_slice, distinct_slots, random_pages, storage_bytes
+from conftest import (
+    PAGE_SIZES,
+    assert_rejects,
+    clone_storage,
+    column_slice,
+    distinct_slots,
+    random_pages,
+    storage_bytes,
+)
 from dsv4 import ops
 from dsv4.constants import (
     INDEXER_HEAD_DIM,
@@ -28,7 +36,6 @@ from dsv4.constants import (
 )
 from dsv4.reference import quant
 
-PAGE_SIZES = (1, 2, 61, 64, 256)
 PAD_BYTES = 40  # page stride = page bytes + this: padding that must stay untouched
 NUM_TOKENS = 24
 SKIP_FRACTION = 0.2  # share of slot_mapping entries set to -1
@@ -369,11 +376,8 @@ QUANTIZE_BAD_INPUTS = {
 @pytest.mark.parametrize("case", QUANTIZE_BAD_INPUTS, ids=list(QUANTIZE_BAD_INPUTS))
 def test_quantize_kv_insert_rejects(case):
     overrides, pattern = QUANTIZE_BAD_INPUTS[case]
-    args = model1_insert_args(**overrides)
-    before = storage_bytes(args["kv_cache"]).clone()
-    with pytest.raises(RuntimeError, match=f"dsv4::quantize_kv_insert.*{pattern}"):
-        ops.quantize_kv_insert(**args)
-    assert torch.equal(storage_bytes(args["kv_cache"]), before), "a rejected call must not write"
+    assert_rejects(ops.quantize_kv_insert, model1_insert_args(**overrides), f"dsv4::quantize_kv_insert.*{pattern}",
+                   unchanged=("kv_cache",))
 
 
 GATHER_BAD_INPUTS = {
@@ -391,8 +395,7 @@ def test_dequantize_kv_gather_rejects(case):
     args = {"kv_cache": random_pages(2, 4 * MODEL1_BYTES_PER_TOKEN), "slots": torch.tensor([0, 3]), "block_size": 4,
             "head_dim": MODEL1_HEAD_DIM}
     args.update(overrides)
-    with pytest.raises(RuntimeError, match=f"dsv4::dequantize_kv_gather.*{pattern}"):
-        ops.dequantize_kv_gather(**args)
+    assert_rejects(ops.dequantize_kv_gather, args, f"dsv4::dequantize_kv_gather.*{pattern}")
 
 
 INDEXER_BAD_INPUTS = {
@@ -411,7 +414,5 @@ def test_indexer_k_quant_insert_rejects(case):
     args = {"k": torch.randn(3, INDEXER_HEAD_DIM), "slot_mapping": torch.tensor([0, -1, 7]),
             "kv_cache": random_pages(2, 4 * INDEXER_K_BYTES_PER_ENTRY), "block_size": 4}
     args.update(overrides)
-    before = storage_bytes(args["kv_cache"]).clone()
-    with pytest.raises(RuntimeError, match=f"dsv4::indexer_k_quant_insert.*{pattern}"):
-        ops.indexer_k_quant_insert(**args)
-    assert torch.equal(storage_bytes(args["kv_cache"]), before), "a rejected call must not write"
+    assert_rejects(ops.indexer_k_quant_insert, args, f"dsv4::indexer_k_quant_insert.*{pattern}",
+                   unchanged=("kv_cache",))

@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import INDEX_DTYPES, PAGE_SIZES, assert_rejects
 from dsv4 import ops
 from dsv4.reference import writers
 
-PAGE_SIZES = [1, 2, 61, 64, 256]
-INDEX_DTYPES = [torch.int32, torch.int64]
 NUM_REQUESTS, MAX_BLOCKS, NUM_PHYSICAL_BLOCKS = 4, 6, 40
 UNALLOCATED = -1  # block-table entry of a block the request does not own
 
@@ -113,6 +112,5 @@ BAD_INPUTS = {
 @pytest.mark.parametrize("case", BAD_INPUTS)
 def test_rejects_bad_input(case):
     mutate, message = BAD_INPUTS[case]
-    args = mutate(valid_args())
-    with pytest.raises(RuntimeError, match=f"dsv4::map_local_to_global_slots: {message}"):
-        torch.ops.dsv4.map_local_to_global_slots(**args)
+    assert_rejects(torch.ops.dsv4.map_local_to_global_slots, mutate(valid_args()),
+                   f"dsv4::map_local_to_global_slots: {message}")

@@ -12,7 +12,16 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from conftest import clone_storage, pages_with_padding, random_pages, rope_table, storage_bytes, ulp_distance
+from conftest import (
+    assert_equal_outside,
+    clone_storage,
+    distinct_slots,
+    entry_byte_index,
+    random_pages,
+    rope_table,
+    storage_bytes,
+    ulp_distance,
+)
 from dsv4 import ops
 from dsv4.cache import indexer_k_page_bytes, kv_page_bytes
 from dsv4.compat import vllm_cpu as compat
@@ -50,6 +59,7 @@ FP8_SIGN = 0x80
 TOPK = compat.VLLM_TOPK
 EPS = 1e-6
 ROPE_ROWS = 4096
+INVALID_SLOT_FRACTION = 0.2  # slots set to -1
 
 
 @dataclass
@@ -132,29 +142,14 @@ def assert_bf16_close(what: str, ours: torch.Tensor, theirs: torch.Tensor) -> in
     return int((dist != 0).sum())
 
 
-def unique_slots(count: int, capacity: int, invalid_fraction: float = 0.2) -> torch.Tensor:
-    """Distinct int64 slot ids (so write order never matters) with some -1 entries."""
-    slots = torch.randperm(capacity)[:count]
-    return torch.where(torch.rand(count) < invalid_fraction, -1, slots)
-
-
-def entry_columns(slots: torch.Tensor, block_size: int, region_start: int, entry_bytes: int) -> torch.Tensor:
-    offsets = slots % block_size
-    return region_start + offsets[:, None] * entry_bytes + torch.arange(entry_bytes)
-
-
 def entry_bytes_of(cache: torch.Tensor, slots: torch.Tensor, block_size: int, region_start: int, entry_bytes: int):
-    pages = pages_with_padding(cache)
-    return pages[(slots // block_size)[:, None], entry_columns(slots, block_size, region_start, entry_bytes)]
+    return storage_bytes(cache)[entry_byte_index(cache, slots, block_size, region_start, entry_bytes)]
 
 
 def assert_unwritten_equal(what: str, ours: torch.Tensor, theirs: torch.Tensor, written: list) -> None:
     """Bytes outside the written entries, page padding included, are untouched by both (they started equal)."""
-    pages_ours, pages_theirs = pages_with_padding(ours), pages_with_padding(theirs)
-    keep = torch.ones(pages_ours.shape, dtype=torch.bool)
-    for slots, block_size, region_start, entry_bytes in written:
-        keep[(slots // block_size)[:, None], entry_columns(slots, block_size, region_start, entry_bytes)] = False
-    assert torch.equal(pages_ours[keep], pages_theirs[keep]), f"{what}: bytes outside the written entries differ"
+    assert_equal_outside(ours, theirs, [entry_byte_index(ours, *region) for region in written],
+                         f"{what}: bytes outside the written entries differ")
 
 
 def model1_regions(slots: torch.Tensor, block_size: int) -> list:
@@ -224,7 +219,7 @@ def test_fused_qnorm_rope_kv_insert(isa, block_size, heads, padded_heads):
     kv[::3, :MODEL1_NOPE_DIM:5] *= 2**-16  # values vLLM's SWA encoder flushes to zero
     kv = kv.bfloat16()
     positions = torch.randint(0, ROPE_ROWS, (tokens,))
-    slots = unique_slots(inserted, num_blocks * block_size)
+    slots = distinct_slots(inserted, num_blocks * block_size, INVALID_SLOT_FRACTION)
     cos_sin = rope_table(ROPE_ROWS)
     cache_theirs = random_pages(num_blocks, kv_page_bytes(block_size), pad_bytes=96)
     cache_ours = clone_storage(cache_theirs)
@@ -276,7 +271,7 @@ def test_save_partial_states(isa, ratio, width):
     score = torch.randn(tokens, 2 * width)[:, width:]
     ape = torch.randn(ratio, width)
     positions = torch.randint(0, 10_000, (tokens,))
-    slots = unique_slots(tokens, num_blocks * block_size)
+    slots = distinct_slots(tokens, num_blocks * block_size, INVALID_SLOT_FRACTION)
     state_theirs = padded_state_cache(num_blocks, block_size, 2 * width)
     state_ours = clone_storage(state_theirs)
     PEER.save_partial_states_cpu(kv, score, ape, positions, state_theirs, slots)
@@ -297,7 +292,7 @@ def compressor_inputs(ratio: int, head_dim: int, block_size: int, tokens: int = 
     groups = torch.randint(1, ROPE_ROWS // ratio, (tokens,))
     positions = groups * ratio - 1 - torch.where(torch.rand(tokens) < 0.25, 1, 0)  # a quarter close no group
     num_blocks = 3
-    kv_slots = unique_slots(tokens, num_blocks * block_size)
+    kv_slots = distinct_slots(tokens, num_blocks * block_size, INVALID_SLOT_FRACTION)
     norm_weight = 1 + 0.1 * torch.randn(head_dim)
     return state, gather, positions, kv_slots, norm_weight, rope_table(ROPE_ROWS, base=160000.0), num_blocks
 

@@ -7,7 +7,22 @@ import math
 import pytest
 import torch
 
-from conftest import clone_storage, random_pages, rope_table, storage_bytes, ulp_distance
+from conftest import (
+    INDEX_DTYPES,
+    MAX_POSITION,
+    PAGE_SIZES,
+    assert_equal_outside,
+    assert_rejects,
+    clone_storage,
+    distinct_slots,
+    entry_byte_index,
+    random_pages,
+    random_positions,
+    rope_table,
+    storage_bytes,
+    ulp_distance,
+    with_last,
+)
 from dsv4 import ops
 from dsv4.constants import (
     CACHE_ALIGNMENT,
@@ -20,8 +35,6 @@ from dsv4.constants import (
 )
 from dsv4.reference import quant, writers
 
-MAX_POSITION = 300
-BOUNDARY_POSITIONS = (0, 127, 128, MAX_POSITION - 1)  # window / compression edges and the table's end
 EPS = 1e-6
 MAX_ULP = 1  # q_out bf16/fp16, cache fp8 codes and bf16 RoPE values: at most one step from the reference
 MAX_SCALE_BYTE_DIFF = 1
@@ -33,8 +46,7 @@ Q_MAGNITUDES = torch.tensor([1e-4, 4.0, 100.0])
 KV_MAGNITUDES = torch.tensor([1e-7, 1e-5, 3.0, 100.0])
 
 HEAD_CASES = [(1, 1), (8, 8), (8, 16), (16, 16), (64, 64), (64, 128), (128, 128)]
-PAGE_SIZES = [1, 2, 61, 64, 256]
-INDEX_DTYPES = [torch.int32, torch.int64]
+SKIP_EVERY = 3  # every third slot is -1
 
 
 def model1_page_bytes(block_size: int) -> int:
@@ -42,39 +54,22 @@ def model1_page_bytes(block_size: int) -> int:
     return math.ceil(block_size * MODEL1_BYTES_PER_TOKEN / CACHE_ALIGNMENT) * CACHE_ALIGNMENT
 
 
-def random_positions(tokens: int, index_dtype=torch.int64) -> torch.Tensor:
-    positions = torch.randint(0, MAX_POSITION, (tokens,))
-    edges = torch.tensor(BOUNDARY_POSITIONS[:tokens])
-    positions[: len(edges)] = edges
-    return positions.to(index_dtype)
-
-
-def random_slots(count: int, capacity: int, index_dtype=torch.int64) -> torch.Tensor:
-    """Distinct cache slots (in random order) with every third one -1."""
-    slots = torch.randperm(capacity)[:count]
-    slots[1::3] = -1
-    return slots.to(index_dtype)
-
-
 def poisoned_q_out(tokens: int, heads: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.full((tokens, heads, MODEL1_HEAD_DIM), float("nan"), dtype=dtype)
 
 
-def entry_byte_offsets(page_stride: int, slots: torch.Tensor, block_size: int):
+def entry_byte_offsets(cache: torch.Tensor, slots: torch.Tensor, block_size: int):
     """Offsets into the cache storage of the data bytes [N, 576] and scale bytes [N, 8] of each valid slot."""
     valid = slots[slots >= 0].long()
-    page_start = (valid // block_size) * page_stride
-    offset = valid % block_size
-    data = page_start[:, None] + offset[:, None] * MODEL1_DATA_BYTES + torch.arange(MODEL1_DATA_BYTES)
-    scale_start = page_start + block_size * MODEL1_DATA_BYTES + offset * MODEL1_SCALE_BYTES
-    return data, scale_start[:, None] + torch.arange(MODEL1_SCALE_BYTES)
+    return (entry_byte_index(cache, valid, block_size, 0, MODEL1_DATA_BYTES),
+            entry_byte_index(cache, valid, block_size, block_size * MODEL1_DATA_BYTES, MODEL1_SCALE_BYTES))
 
 
 def assert_cache_matches(cache: torch.Tensor, expected: torch.Tensor, slots: torch.Tensor, block_size: int):
     """Written entries within one step of the reference (nearly all exact); every other byte, padding included,
     untouched."""
     flat, expected_flat = storage_bytes(cache), storage_bytes(expected)
-    data_at, scales_at = entry_byte_offsets(cache.stride(0), slots, block_size)
+    data_at, scales_at = entry_byte_offsets(cache, slots, block_size)
     data, expected_data = flat[data_at], expected_flat[data_at]
     scales, expected_scales = flat[scales_at], expected_flat[scales_at]
     nope_ulp = ulp_distance(data[:, :MODEL1_NOPE_DIM].view(torch.float8_e4m3fn),
@@ -88,9 +83,7 @@ def assert_cache_matches(cache: torch.Tensor, expected: torch.Tensor, slots: tor
     assert torch.all(scales[:, NUM_TILES:] == 0)
     same = torch.cat([(data == expected_data).reshape(-1), (scales == expected_scales).reshape(-1)])
     assert same.numel() == 0 or same.float().mean() >= MIN_EXACT_FRACTION
-    rest = flat.clone()
-    rest[data_at], rest[scales_at] = expected_data, expected_scales
-    assert torch.equal(rest, expected_flat), "bytes outside the written entries changed"
+    assert_equal_outside(cache, expected, [data_at, scales_at])
 
 
 def assert_q_out_matches(q_out: torch.Tensor, expected: torch.Tensor, heads: int):
@@ -132,7 +125,8 @@ def test_head_counts(isa, heads, padded_heads):
     tokens, block_size = 9, 64
     q, kv = random_case(tokens, heads, tokens)
     cache = random_pages(1, model1_page_bytes(block_size))
-    run_and_check(q, kv, random_positions(tokens), random_slots(tokens, block_size), cache, block_size, padded_heads)
+    positions, slots = random_positions(tokens), distinct_slots(tokens, block_size, skip_every=SKIP_EVERY)
+    run_and_check(q, kv, positions, slots, cache, block_size, padded_heads)
 
 
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
@@ -142,7 +136,7 @@ def test_page_sizes_and_padded_strides(isa, block_size, index_dtype):
     num_blocks = max(2, math.ceil(2 * inserted / block_size))
     q, kv = random_case(tokens, heads, inserted)
     cache = random_pages(num_blocks, model1_page_bytes(block_size), pad_bytes)
-    slots = random_slots(inserted, num_blocks * block_size, index_dtype)
+    slots = distinct_slots(inserted, num_blocks * block_size, skip_every=SKIP_EVERY, index_dtype=index_dtype)
     run_and_check(q, kv, random_positions(tokens, index_dtype), slots, cache, block_size, heads)
 
 
@@ -152,7 +146,7 @@ def test_strided_inputs(isa):
     q = q.transpose(0, 1).contiguous().transpose(0, 1)  # head-major storage
     kv = torch.cat([kv, kv[:, :MODEL1_TILE]], dim=1)[:, :MODEL1_HEAD_DIM]  # padded kv rows
     positions = random_positions(2 * tokens)[::2]
-    slots = random_slots(2 * tokens, num_blocks * block_size)[::2]
+    slots = distinct_slots(2 * tokens, num_blocks * block_size, skip_every=SKIP_EVERY)[::2]
     cache = random_pages(num_blocks, model1_page_bytes(block_size), 7)
     run_and_check(q, kv, positions, slots, cache, block_size, 16)
 
@@ -162,23 +156,25 @@ def test_other_dtypes(isa, dtype):
     tokens, heads, block_size = 5, 8, 4
     q, kv = random_case(tokens, heads, tokens, dtype)
     cache = random_pages(2, model1_page_bytes(block_size), 32)
-    run_and_check(q, kv, random_positions(tokens), random_slots(tokens, 2 * block_size), cache, block_size, 16,
-                  pass_q_out=False)
+    positions, slots = random_positions(tokens), distinct_slots(tokens, 2 * block_size, skip_every=SKIP_EVERY)
+    run_and_check(q, kv, positions, slots, cache, block_size, 16, pass_q_out=False)
 
 
 def test_flashmla_shaped_cache_view(isa):
     tokens, heads, block_size, num_blocks = 6, 8, 4, 3
     q, kv = random_case(tokens, heads, tokens)
     cache = random_pages(num_blocks, block_size * MODEL1_BYTES_PER_TOKEN, 64)
-    run_and_check(q, kv, random_positions(tokens), random_slots(tokens, num_blocks * block_size),
-                  cache.view(num_blocks, block_size, 1, MODEL1_BYTES_PER_TOKEN), block_size, heads)
+    positions, slots = random_positions(tokens), distinct_slots(tokens, num_blocks * block_size, skip_every=SKIP_EVERY)
+    run_and_check(q, kv, positions, slots, cache.view(num_blocks, block_size, 1, MODEL1_BYTES_PER_TOKEN), block_size,
+                  heads)
 
 
 def test_empty_batch(isa):
     block_size = 2
     q, kv = random_case(0, 8, 0)
     cache = random_pages(2, model1_page_bytes(block_size), 16)
-    run_and_check(q, kv[:0], random_positions(0), random_slots(0, 4), cache, block_size, 16)
+    positions, slots = random_positions(0), distinct_slots(0, 4, skip_every=SKIP_EVERY)
+    run_and_check(q, kv[:0], positions, slots, cache, block_size, 16)
 
 
 def test_reference_semantics():
@@ -203,8 +199,9 @@ def test_reference_semantics():
 def test_opcheck():
     tokens, heads, block_size = 3, 2, 2
     q, kv = random_case(tokens, heads, tokens)
-    args = (q, kv, random_positions(tokens), rope_table(MAX_POSITION), random_slots(tokens, 4),
-            random_pages(2, model1_page_bytes(block_size)), block_size, EPS, poisoned_q_out(tokens, 4, q.dtype))
+    args = (q, kv, random_positions(tokens), rope_table(MAX_POSITION),
+            distinct_slots(tokens, 4, skip_every=SKIP_EVERY), random_pages(2, model1_page_bytes(block_size)),
+            block_size, EPS, poisoned_q_out(tokens, 4, q.dtype))
     torch.library.opcheck(torch.ops.dsv4.qnorm_rope_kv_insert.default, args)
 
 
@@ -218,15 +215,9 @@ def valid_args() -> dict:
     tokens, heads = 4, 2
     q, kv = random_case(tokens, heads, tokens)
     return dict(q=q, kv=kv, positions=random_positions(tokens), cos_sin_cache=rope_table(MAX_POSITION),
-                slot_mapping=random_slots(tokens, BAD_NUM_BLOCKS * BAD_BLOCK_SIZE),
+                slot_mapping=distinct_slots(tokens, BAD_NUM_BLOCKS * BAD_BLOCK_SIZE, skip_every=SKIP_EVERY),
                 kv_cache=random_pages(BAD_NUM_BLOCKS, model1_page_bytes(BAD_BLOCK_SIZE)), block_size=BAD_BLOCK_SIZE,
                 eps=EPS, q_out=poisoned_q_out(tokens, heads, q.dtype))
-
-
-def with_last(t: torch.Tensor, value: int) -> torch.Tensor:
-    t = t.clone()
-    t[-1] = value
-    return t
 
 
 BAD_INPUTS = {
@@ -270,9 +261,5 @@ BAD_INPUTS = {
 @pytest.mark.parametrize("case", BAD_INPUTS)
 def test_rejects_bad_input(case):
     mutate, message = BAD_INPUTS[case]
-    args = mutate(valid_args())
-    cache_before, q_out_before = args["kv_cache"].clone(), args["q_out"].clone()
-    with pytest.raises(RuntimeError, match=f"dsv4::qnorm_rope_kv_insert: {message}"):
-        torch.ops.dsv4.qnorm_rope_kv_insert(**args)
-    assert torch.equal(args["kv_cache"], cache_before)
-    assert torch.equal(args["q_out"].view(torch.uint8), q_out_before.view(torch.uint8))
+    assert_rejects(torch.ops.dsv4.qnorm_rope_kv_insert, mutate(valid_args()), f"dsv4::qnorm_rope_kv_insert: {message}",
+                   unchanged=("kv_cache", "q_out"))

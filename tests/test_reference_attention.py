@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from conftest import random_pages
+from conftest import assert_rejects, random_pages, replaced
 from dsv4.cache import kv_page_bytes
 from dsv4.constants import MODEL1_BYTES_PER_TOKEN, MODEL1_HEAD_DIM, V32_HEAD_DIM
 from dsv4.reference import attention, quant
@@ -387,10 +387,6 @@ def test_ops_match_reference():
     assert all(torch.equal(g, e) for g, e in zip(got, expected, strict=True))
 
 
-def replaced(**changes):
-    return lambda args: args.update(changes)
-
-
 BAD_INPUTS = [
     ("sparse_mla_decode", "q", lambda a: a.update(q=a["q"].float())),
     ("sparse_mla_decode", "q", lambda a: a.update(q=a["q"][0])),
@@ -429,8 +425,7 @@ BAD_INPUTS = [
 def test_bad_inputs_raise_naming_op_and_argument(name, arg, corrupt):
     args = OPS[name]()
     corrupt(args)
-    with pytest.raises(RuntimeError, match=f"dsv4::{name}: argument '{arg}'"):
-        getattr(torch.ops.dsv4, name)(*args.values())
+    assert_rejects(getattr(torch.ops.dsv4, name), args, f"dsv4::{name}: argument '{arg}'")
 
 
 def test_token_blocking_does_not_change_results(monkeypatch):

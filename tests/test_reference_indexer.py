@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from conftest import random_pages
+from conftest import assert_rejects, random_pages, replaced
 from dsv4.constants import INDEXER_HEAD_DIM, INDEXER_K_BYTES_PER_ENTRY
 from dsv4.reference import indexer, quant
 
@@ -398,7 +398,8 @@ def test_logits_ops_leave_inputs_alone(name):
     before = {k: v.clone() for k, v in args.items() if isinstance(v, torch.Tensor)}
     out = getattr(torch.ops.dsv4, name)(*args.values())
     plain = getattr(indexer, name)(*[v for k, v in args.items() if k != "schedule_meta"])
-    assert torch.equal(out, plain)
+    # the native kernel sums in another order than the reference: fp32 rounding noise only
+    torch.testing.assert_close(out, plain, rtol=1e-5, atol=1e-4)
     for key, value in before.items():
         assert torch.equal(as_bytes(args[key]), as_bytes(value)), key
         assert not torch._C._overlaps(out, args[key]), key
@@ -412,10 +413,6 @@ def test_topk_op_overwrites_poisoned_outputs(paged):
                                         args["page_size"])
     assert torch.equal(args["raw_indices"], raw)
     assert (args["slot_indices"] is None) if slots is None else torch.equal(args["slot_indices"], slots)
-
-
-def replaced(**changes):
-    return lambda args: args.update(changes)
 
 
 BAD_INPUTS = [
@@ -456,8 +453,7 @@ BAD_INPUTS = [
 def test_bad_inputs_raise_naming_op_and_argument(name, arg, corrupt):
     args = OPS[name]()
     corrupt(args)
-    with pytest.raises(RuntimeError, match=f"dsv4::{name}: argument '{arg}'"):
-        getattr(torch.ops.dsv4, name)(*args.values())
+    assert_rejects(getattr(torch.ops.dsv4, name), args, f"dsv4::{name}: argument '{arg}'")
 
 
 def test_plain_topk_rejects_unsupported_k():

@@ -186,9 +186,10 @@ struct TopkTransformParams {
   IndexView page_table;  // [rows, max_pages]; data == nullptr means no translation
   int64_t max_pages = 0, page_size = 0;
   int64_t k = 0;
-  int32_t* raw = nullptr;  // [rows, k], row stride raw_stride
-  int32_t* slots = nullptr;  // [rows, k] or nullptr, row stride slot_stride
-  int64_t raw_stride = 0, slot_stride = 0;
+  int32_t* raw = nullptr;  // [rows, k], strides raw_stride / raw_col_stride
+  int32_t* slots = nullptr;  // [rows, k] or nullptr, strides slot_stride / slot_col_stride
+  int64_t raw_stride = 0, slot_stride = 0, raw_col_stride = 1, slot_col_stride = 1;
+  int64_t threads = 1;  // intra-op threads: a long row is split into about this many pieces
 };
 
 // ---- sparse MLA attention ----

@@ -3,33 +3,10 @@
 #include "cpu/tier.inc"
 
 namespace dsv4::cpu {
-namespace {
-
-// Palette-1 tile configuration (64 bytes, layout fixed by the ISA).
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
-void load_tile_config(const TileConfig& cfg) {
-  // gcc 12 drops the stores that fill cfg at -O1+ unless they are forced out before ldtilecfg.
-  asm volatile("" : : "r"(&cfg) : "memory");
-  _tile_loadconfig(&cfg);
-}
-
-}  // namespace
 
 // C[16x16] fp32 = A[16x32] bf16 * B[32x16] bf16 (B in VNNI pairs) on the tile unit, checked
 // against scalar math: proves tile permission, configuration and the bf16 path work.
 bool amx_selftest() {
-  TileConfig cfg{};
-  cfg.palette_id = 1;
-  cfg.rows[0] = 16, cfg.colsb[0] = 64;  // C: 16 x 16 fp32
-  cfg.rows[1] = 16, cfg.colsb[1] = 64;  // A: 16 x 32 bf16
-  cfg.rows[2] = 16, cfg.colsb[2] = 64;  // B: 16 pairs x 16 columns x 2 bf16
   uint16_t a[16][32], b[16][32];
   float c[16][16], ref[16][16] = {};
   for (int i = 0; i < 16; ++i)
@@ -39,7 +16,7 @@ bool amx_selftest() {
   for (int i = 0; i < 16; ++i)
     for (int j = 0; j < 16; ++j)
       for (int k = 0; k < 32; ++k) ref[i][j] += amx::bf16_to_f32(a[i][k]) * amx::bf16_to_f32(b[k / 2][j * 2 + k % 2]);
-  load_tile_config(cfg);
+  amx::configure_bf16_16x16_tiles();
   _tile_zero(0);
   _tile_loadd(1, a, 64);
   _tile_loadd(2, b, 64);

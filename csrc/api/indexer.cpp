@@ -1,0 +1,110 @@
+// Bindings of the lightning-indexer logits ops (paged decode and ragged prefill).
+#include <vector>
+
+#include <torch/csrc/stable/library.h>
+
+#include "api/checks.h"
+#include "cpu/kernel_table.h"
+
+namespace dsv4::api {
+namespace {
+
+constexpr int64_t kPagedHeadDim = 128, kIndexerBytesPerEntry = 132;
+constexpr int64_t kMaxHeads = 128, kMaxHeadDim = 256, kHeadDimMultiple = 32;
+
+void check_heads(const char* op, const Tensor& q, int64_t head_axis) {
+  DSV4_CHECK(q.size(head_axis) >= 1 && q.size(head_axis) <= kMaxHeads, op, "argument 'q' must have 1 to ", kMaxHeads,
+             " heads (dimension ", head_axis, "), got shape ", shape_str(q));
+}
+
+void check_weights(const char* op, const Tensor& weights, int64_t rows, int64_t heads) {
+  check_dtype({op, "weights"}, weights, {ScalarType::Float});
+  check_dim({op, "weights"}, weights, 2);
+  check_size({op, "weights"}, weights, 0, rows);
+  check_size({op, "weights"}, weights, 1, heads);
+  check_last_dim_contiguous({op, "weights"}, weights);
+}
+
+Tensor fp8_paged_mqa_logits(Tensor q, Tensor kv_cache, Tensor weights, Tensor context_lens, Tensor block_table,
+                            int64_t block_size, int64_t max_context_len, bool clean_logits,
+                            std::optional<Tensor> schedule_meta) {
+  const char* op = "fp8_paged_mqa_logits";
+  check_same_device(op, q, {{"kv_cache", &kv_cache}, {"weights", &weights}, {"context_lens", &context_lens},
+                            {"block_table", &block_table}});
+  check_dtype({op, "q"}, q, {ScalarType::Float8_e4m3fn});
+  check_dim({op, "q"}, q, 4);
+  check_size({op, "q"}, q, 3, kPagedHeadDim);
+  check_heads(op, q, 2);
+  PagedMqaLogitsParams p;
+  p.batch = q.size(0), p.next_n = q.size(1), p.num_heads = q.size(2), p.head_dim = kPagedHeadDim;
+  p.cache = paged_cache({op, "kv_cache"}, kv_cache, block_size, kIndexerBytesPerEntry);
+  check_weights(op, weights, p.batch * p.next_n, p.num_heads);
+  check_dtype({op, "context_lens"}, context_lens, {ScalarType::Int, ScalarType::Long});
+  p.lens_per_row = context_lens.dim() == 2;
+  p.context_lens = index_view({op, "context_lens"}, context_lens, p.lens_per_row ? 2 : 1);
+  check_size({op, "context_lens"}, context_lens, 0, p.batch);
+  if (p.lens_per_row) check_size({op, "context_lens"}, context_lens, 1, p.next_n);
+  p.block_table = index_view({op, "block_table"}, block_table, 2);
+  check_size({op, "block_table"}, block_table, 0, p.batch);
+  DSV4_CHECK(max_context_len >= 0, op, "argument 'max_context_len' must be >= 0, got ", max_context_len);
+  const Tensor q_rows = torch::stable::contiguous(q);
+  p.q = static_cast<const uint8_t*>(q_rows.const_data_ptr());
+  p.weights = static_cast<const float*>(weights.const_data_ptr());
+  p.w_stride = weights.stride(0);
+  p.max_blocks = block_table.size(1);
+  p.max_context_len = max_context_len;
+  p.clean_logits = clean_logits;
+  Tensor out = torch::stable::empty({p.batch * p.next_n, max_context_len}, ScalarType::Float, std::nullopt, q.device());
+  p.out = static_cast<float*>(out.data_ptr());
+  p.out_stride = max_context_len;
+  cpu::kernels().fp8_paged_mqa_logits(p);
+  return out;
+}
+
+Tensor fp8_mqa_logits(Tensor q, Tensor k, Tensor k_scale, Tensor weights, Tensor ks, Tensor ke, bool clean_logits) {
+  const char* op = "fp8_mqa_logits";
+  check_same_device(op, q, {{"k", &k}, {"k_scale", &k_scale}, {"weights", &weights}, {"ks", &ks}, {"ke", &ke}});
+  check_dtype({op, "q"}, q, {ScalarType::Float8_e4m3fn});
+  check_dim({op, "q"}, q, 3);
+  check_heads(op, q, 1);
+  check_last_dim_contiguous({op, "q"}, q);
+  const int64_t rows = q.size(0), heads = q.size(1), dim = q.size(2);
+  DSV4_CHECK(dim > 0 && dim % kHeadDimMultiple == 0 && dim <= kMaxHeadDim, op, "argument 'q' head dim must be a multiple of ",
+             kHeadDimMultiple, " up to ", kMaxHeadDim, ", got shape ", shape_str(q));
+  check_dtype({op, "k"}, k, {ScalarType::Float8_e4m3fn});
+  check_dim({op, "k"}, k, 2);
+  check_size({op, "k"}, k, 1, dim);
+  check_last_dim_contiguous({op, "k"}, k);
+  check_dtype({op, "k_scale"}, k_scale, {ScalarType::Float});
+  check_dim({op, "k_scale"}, k_scale, 1);
+  check_size({op, "k_scale"}, k_scale, 0, k.size(0));
+  check_contiguous({op, "k_scale"}, k_scale);
+  check_weights(op, weights, rows, heads);
+  MqaLogitsParams p;
+  p.ks = index_view({op, "ks"}, ks, 1);
+  check_size({op, "ks"}, ks, 0, rows);
+  p.ke = index_view({op, "ke"}, ke, 1);
+  check_size({op, "ke"}, ke, 0, rows);
+  p.q = static_cast<const uint8_t*>(q.const_data_ptr());
+  p.rows = rows, p.num_heads = heads, p.head_dim = dim, p.q_stride_m = q.stride(0), p.q_stride_h = q.stride(1);
+  p.k = static_cast<const uint8_t*>(k.const_data_ptr());
+  p.num_keys = k.size(0), p.k_stride = k.stride(0);
+  p.k_scale = static_cast<const float*>(k_scale.const_data_ptr());
+  p.weights = static_cast<const float*>(weights.const_data_ptr());
+  p.w_stride = weights.stride(0);
+  p.clean_logits = clean_logits;
+  Tensor out = torch::stable::empty({rows, p.num_keys}, ScalarType::Float, std::nullopt, q.device());
+  p.out = static_cast<float*>(out.data_ptr());
+  p.out_stride = p.num_keys;
+  cpu::kernels().fp8_mqa_logits(p);
+  return out;
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_IMPL(dsv4, CPU, m) {
+  m.impl("fp8_paged_mqa_logits", TORCH_BOX(&fp8_paged_mqa_logits));
+  m.impl("fp8_mqa_logits", TORCH_BOX(&fp8_mqa_logits));
+}
+
+}  // namespace dsv4::api
