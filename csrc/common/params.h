@@ -213,6 +213,7 @@ struct SparseMlaDecodeParams {
   float sm_scale = 0.0f;
   uint16_t* out = nullptr;  // bf16, contiguous [b, s_q, h_q, d_v]
   float* lse = nullptr;  // contiguous [b, h_q, s_q]
+  int64_t threads = 1;  // intra-op threads: with fewer queries than this, a query's entries are split
 };
 
 struct SparseMlaPrefillParams {
@@ -230,6 +231,7 @@ struct SparseMlaPrefillParams {
   uint16_t* out = nullptr;  // bf16, contiguous [s_q, h_q, d_v]
   float* max_logits = nullptr;  // contiguous [s_q, h_q]
   float* lse = nullptr;  // contiguous [s_q, h_q]
+  int64_t threads = 1;  // intra-op threads: with fewer queries than this, a query's entries are split
 };
 
 }  // namespace dsv4

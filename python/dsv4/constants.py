@@ -29,3 +29,9 @@ INDEXER_K_BYTES_PER_ENTRY = 132  # 128 e4m3 + fp32 scale
 
 ROPE_DIM = 64
 SLIDING_WINDOW = 128
+
+# Paged-cache geometry of a DeepSeek-V4 layer (tokens per block of each cache group)
+SWA_BLOCK_SIZE = 64  # SWA cache pages hold 64 raw tokens
+COMPRESSED_LOGICAL_BLOCK = 256  # compressed/indexer block tables count 256-token logical blocks
+C4_RATIO = 4  # C4A (CSA) layers: one compressed entry per 4 tokens, with the indexer
+C128_RATIO = 128  # C128A (HCA) layers: one compressed entry per 128 tokens, all attended

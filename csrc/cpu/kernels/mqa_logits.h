@@ -1,16 +1,17 @@
 // Lightning-indexer logits: logit[r, t] = kscale_t * sum_h w[r, h] * relu(<q[r, h], k_t>).
 //
-// One query row at a time against a run of keys: q is converted once per (row, task) to bf16 pairs
-// laid out [pair][head] (the VNNI "B" operand), keys are decoded from e4m3 to bf16 rows (exact), and
-// the head dot products run on AMX tiles (amx tier), vdpbf16ps (avx512 tier) or fp32 FMA (others).
+// Keys of a task are decoded once from e4m3 to bf16 rows (exact) and shared by every query row that
+// sees them; each query row is converted once per thread to bf16 pairs laid out [pair][head] (the VNNI
+// "B" operand). Head dot products run on AMX tiles (amx tier), vdpbf16ps (avx512 tier) or fp32 (others).
 // fp8 values are exact in bf16 and every product is exact in fp32; only the fp32 summation order differs
 // from the reference.
 
 constexpr int64_t kLogitsMaxHeads = 128;
 constexpr int64_t kLogitsMaxDim = 256;
-constexpr int64_t kLogitsKeyBlock = 16;  // keys per tile / inner block
+constexpr int64_t kLogitsKeyBlock = 16;  // keys per AMX tile; decoded key buffers keep this many spare rows
 constexpr int64_t kLogitsTaskKeys = 512;  // keys per parallel task: long rows spread over all threads
 constexpr int64_t kDotLanes = 8;  // head dims are multiples of 32
+constexpr int64_t kLogitsRowBlock = 16;  // ragged rows sharing one decoded key run
 
 // ---- e4m3 -> bf16 bits (exact) ----
 
@@ -25,29 +26,44 @@ inline const uint16_t* e4m3_bf16_table() {
   return table.bits;
 }
 
+#if defined(__AVX512BW__)
+// 32 e4m3 codes -> 32 bf16 (bit-identical to the table): normal codes by exponent rebias, the 8
+// subnormal magnitudes by a 16-bit permute, NaN codes to the table's NaN.
+inline __m512i e4m3x32_to_bf16(__m256i codes) {
+  static const __m512i subnormals = [] {
+    alignas(64) uint16_t lut[32] = {};
+    for (int m = 0; m < 8; ++m) lut[m] = e4m3_bf16_table()[m];
+    return _mm512_load_si512(lut);
+  }();
+  const __m512i c = _mm512_cvtepu8_epi16(codes);
+  const __m512i mag = _mm512_and_si512(c, _mm512_set1_epi16(0x7f));
+  const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(c, _mm512_set1_epi16(0x80)), 8);
+  __m512i v = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(120 << 7));
+  v = _mm512_mask_permutexvar_epi16(v, _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8)), mag, subnormals);
+  v = _mm512_mask_mov_epi16(v, _mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7f)), _mm512_set1_epi16(0x7fc0));
+  return _mm512_or_si512(v, sign);
+}
+#endif
+
 inline void decode_e4m3_row_bf16(const uint8_t* src, int64_t n, uint16_t* dst) {
+  int64_t i = 0;
+#if defined(__AVX512BW__)
+  for (; i + 32 <= n; i += 32)
+    _mm512_storeu_si512(dst + i, e4m3x32_to_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+#endif
   const uint16_t* table = e4m3_bf16_table();
-  for (int64_t i = 0; i < n; ++i) dst[i] = table[src[i]];
+  for (; i < n; ++i) dst[i] = table[src[i]];
 }
 
-inline void decode_e4m3_row_f32(const uint8_t* src, int64_t n, float* dst) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = e4m3_to_f32(src[i]);
-}
-
-// A run of keys to score for one query row: key i is (codes[i], scale[i]); out[i] receives its logit.
-struct KeyRun {
-  const uint8_t* const* codes;
-  const float* scales;
-  int64_t count;
-};
-
-// Per-task scratch for one query row in the tier's preferred layout.
+// One query row in the tier's preferred layout (prepared once per thread and row).
 struct LogitsQuery {
   int64_t heads = 0, heads_padded = 0, dim = 0;
-  const float* weights = nullptr;
   alignas(64) float w[kLogitsMaxHeads];
-  alignas(64) uint16_t q_pairs[kLogitsMaxDim / 2][kLogitsMaxHeads][2];  // bf16 [pair][head][2]
+#if defined(__AVX512BF16__)
+  alignas(64) uint32_t q_pairs[kLogitsMaxDim / 2][kLogitsMaxHeads];  // bf16 pairs [pair][head]
+#else
   alignas(64) float q_f32[kLogitsMaxHeads][kLogitsMaxDim];
+#endif
 };
 
 inline void prepare_query(LogitsQuery& s, const uint8_t* q, int64_t q_stride_h, int64_t heads, int64_t dim,
@@ -56,16 +72,32 @@ inline void prepare_query(LogitsQuery& s, const uint8_t* q, int64_t q_stride_h, 
   s.heads_padded = (heads + 15) / 16 * 16;
   for (int64_t h = 0; h < s.heads_padded; ++h) s.w[h] = h < heads ? weights[h] : 0.0f;
 #if defined(__AVX512BF16__)
-  const uint16_t* table = e4m3_bf16_table();
+  alignas(64) uint32_t row[kLogitsMaxDim / 2];
   for (int64_t h = 0; h < s.heads_padded; ++h) {
-    for (int64_t d = 0; d < dim; ++d) {
-      s.q_pairs[d / 2][h][d % 2] = h < heads ? table[q[h * q_stride_h + d]] : 0;
-    }
+    if (h < heads) decode_e4m3_row_bf16(q + h * q_stride_h, dim, reinterpret_cast<uint16_t*>(row));
+    for (int64_t pair = 0; pair < dim / 2; ++pair) s.q_pairs[pair][h] = h < heads ? row[pair] : 0;
   }
 #else
-  for (int64_t h = 0; h < heads; ++h) decode_e4m3_row_f32(q + h * q_stride_h, dim, s.q_f32[h]);
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t d = 0; d < dim; ++d) s.q_f32[h][d] = e4m3_to_f32(q[h * q_stride_h + d]);
 #endif
 }
+
+// bf16 key rows (row stride = head dim) with their fp32 scales; rows past count may be read (spare rows).
+struct KeyRun {
+  const uint16_t* keys;
+  const float* scales;
+  int64_t count;
+};
+
+// A thread's scratch: decoded keys of the current task, with spare zero rows for the last tile.
+struct KeyBuffer {
+  uint16_t* rows;
+  explicit KeyBuffer(int64_t dim) : rows(new uint16_t[(kLogitsTaskKeys + kLogitsKeyBlock) * dim]()) {}
+  ~KeyBuffer() { delete[] rows; }
+  KeyBuffer(const KeyBuffer&) = delete;
+  KeyBuffer& operator=(const KeyBuffer&) = delete;
+};
 
 #if defined(__AVX512BF16__)
 // Sum over heads of w_h * relu(dots[h]) for one key, dots in 16-head vectors.
@@ -82,50 +114,39 @@ inline float weighted_relu_sum(const float* dots, const LogitsQuery& s) {
 #if defined(__AMX_BF16__)
 // AMX: C[16 keys x 16 heads] += A[16 keys x 32 dims] * B[16 dim pairs x 16 heads x 2].
 inline void score_keys_amx(const LogitsQuery& s, const KeyRun& run, float* out) {
-  alignas(64) uint16_t keys[kLogitsKeyBlock][kLogitsMaxDim];
   alignas(64) float dots[kLogitsKeyBlock][kLogitsMaxHeads];
-  const int64_t head_blocks = s.heads_padded / 16, chunks = s.dim / 32;
-  configure_bf16_16x16_tiles();
+  const int64_t head_blocks = s.heads_padded / 16, chunks = s.dim / 32, key_stride = s.dim * sizeof(uint16_t);
   for (int64_t k0 = 0; k0 < run.count; k0 += kLogitsKeyBlock) {
     const int64_t n = run.count - k0 < kLogitsKeyBlock ? run.count - k0 : kLogitsKeyBlock;
-    for (int64_t i = 0; i < kLogitsKeyBlock; ++i) {
-      if (i < n) decode_e4m3_row_bf16(run.codes[k0 + i], s.dim, keys[i]);
-      else std::memset(keys[i], 0, s.dim * sizeof(uint16_t));
-    }
     for (int64_t hb = 0; hb < head_blocks; ++hb) {
       _tile_zero(0);
       for (int64_t c = 0; c < chunks; ++c) {
-        _tile_loadd(1, &keys[0][c * 32], kLogitsMaxDim * sizeof(uint16_t));
-        _tile_loadd(2, &s.q_pairs[c * 16][hb * 16][0], kLogitsMaxHeads * 2 * sizeof(uint16_t));
+        _tile_loadd(1, run.keys + k0 * s.dim + c * 32, key_stride);
+        _tile_loadd(2, &s.q_pairs[c * 16][hb * 16], kLogitsMaxHeads * sizeof(uint32_t));
         _tile_dpbf16ps(0, 1, 2);
       }
       _tile_stored(0, &dots[0][hb * 16], kLogitsMaxHeads * sizeof(float));
     }
     for (int64_t i = 0; i < n; ++i) out[k0 + i] = weighted_relu_sum(dots[i], s) * run.scales[k0 + i];
   }
-  _tile_release();
 }
 #endif
 
 #if defined(__AVX512BF16__)
 // vdpbf16ps: two keys at a time, 16 heads per accumulator, q pairs loaded once for both keys.
 inline void score_keys_avx512(const LogitsQuery& s, const KeyRun& run, float* out) {
-  alignas(64) uint16_t keys[2][kLogitsMaxDim];
   alignas(64) float dots[2][kLogitsMaxHeads];
   const int64_t pairs = s.dim / 2;
   for (int64_t k0 = 0; k0 < run.count; k0 += 2) {
     const int64_t n = run.count - k0 < 2 ? run.count - k0 : 2;
-    decode_e4m3_row_bf16(run.codes[k0], s.dim, keys[0]);
-    if (n == 2) decode_e4m3_row_bf16(run.codes[k0 + 1], s.dim, keys[1]);
-    else std::memset(keys[1], 0, s.dim * sizeof(uint16_t));
-    const uint32_t* k0_pairs = reinterpret_cast<const uint32_t*>(keys[0]);
-    const uint32_t* k1_pairs = reinterpret_cast<const uint32_t*>(keys[1]);
+    const uint32_t* k0_pairs = reinterpret_cast<const uint32_t*>(run.keys + k0 * s.dim);
+    const uint32_t* k1_pairs = k0_pairs + pairs;  // a spare row when n == 1
     for (int64_t h = 0; h < s.heads_padded; h += 16) {
       __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
       __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
       for (int64_t p = 0; p < pairs; p += 2) {  // two partial sums per key shorten the dependency chains
-        const __m512bh q0 = (__m512bh)_mm512_loadu_si512(&s.q_pairs[p][h][0]);
-        const __m512bh q1 = (__m512bh)_mm512_loadu_si512(&s.q_pairs[p + 1][h][0]);
+        const __m512bh q0 = (__m512bh)_mm512_loadu_si512(&s.q_pairs[p][h]);
+        const __m512bh q1 = (__m512bh)_mm512_loadu_si512(&s.q_pairs[p + 1][h]);
         a0 = _mm512_dpbf16_ps(a0, q0, (__m512bh)_mm512_set1_epi32(int(k0_pairs[p])));
         a1 = _mm512_dpbf16_ps(a1, q1, (__m512bh)_mm512_set1_epi32(int(k0_pairs[p + 1])));
         b0 = _mm512_dpbf16_ps(b0, q0, (__m512bh)_mm512_set1_epi32(int(k1_pairs[p])));
@@ -137,13 +158,12 @@ inline void score_keys_avx512(const LogitsQuery& s, const KeyRun& run, float* ou
     for (int64_t i = 0; i < n; ++i) out[k0 + i] = weighted_relu_sum(dots[i], s) * run.scales[k0 + i];
   }
 }
-#endif
-
+#else
 // fp32 fallback (generic and avx2 tiers; the compiler vectorizes the dot).
 inline void score_keys_f32(const LogitsQuery& s, const KeyRun& run, float* out) {
   alignas(64) float key[kLogitsMaxDim];
   for (int64_t i = 0; i < run.count; ++i) {
-    decode_e4m3_row_f32(run.codes[i], s.dim, key);
+    for (int64_t d = 0; d < s.dim; ++d) key[d] = bf16_to_f32(run.keys[i * s.dim + d]);
     float total = 0.0f;
     for (int64_t h = 0; h < s.heads; ++h) {
       float lanes[kDotLanes] = {};  // independent partial sums, so the compiler can vectorize the dot
@@ -156,6 +176,7 @@ inline void score_keys_f32(const LogitsQuery& s, const KeyRun& run, float* out) 
     out[i] = total * run.scales[i];
   }
 }
+#endif
 
 inline void score_keys(const LogitsQuery& s, const KeyRun& run, float* out) {
 #if defined(__AMX_BF16__)
@@ -166,6 +187,14 @@ inline void score_keys(const LogitsQuery& s, const KeyRun& run, float* out) {
   score_keys_f32(s, run, out);
 #endif
 }
+
+// Tile configuration for the calling thread's tasks (a no-op outside the amx tier).
+struct TileScope {
+#if defined(__AMX_BF16__)
+  TileScope() { configure_bf16_16x16_tiles(); }
+  ~TileScope() { _tile_release(); }
+#endif
+};
 
 inline void fill_neg_inf(float* out, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) out[i] = -INFINITY;
@@ -183,13 +212,21 @@ inline void fp8_paged_mqa_logits(const PagedMqaLogitsParams& p) {
   const int64_t runs = runs_needed > 0 ? runs_needed : 1;
   const int64_t entry_bytes = p.head_dim;
   parallel(p.batch * runs, 1, [&](int64_t begin, int64_t end) {
-    LogitsQuery* query = new LogitsQuery;
-    const uint8_t* codes[kLogitsTaskKeys];
+    // A thread's tasks are consecutive, so a request's prepared query rows are reused across its runs.
+    LogitsQuery* queries = new LogitsQuery[p.next_n];
+    bool* prepared = new bool[p.next_n];
+    int64_t prepared_request = -1;
+    KeyBuffer keys(p.head_dim);
+    [[maybe_unused]] TileScope tiles;
     float scales[kLogitsTaskKeys];
     int64_t positions[kLogitsTaskKeys];
     float scored[kLogitsTaskKeys];
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / runs, t0 = (task % runs) * kLogitsTaskKeys;
+      if (b != prepared_request) {
+        for (int64_t j = 0; j < p.next_n; ++j) prepared[j] = false;
+        prepared_request = b;
+      }
       const int64_t t1 = t0 + kLogitsTaskKeys < p.max_context_len ? t0 + kLogitsTaskKeys : p.max_context_len;
       int64_t longest = 0;
       for (int64_t j = 0; j < p.next_n; ++j) {
@@ -205,7 +242,7 @@ inline void fp8_paged_mqa_logits(const PagedMqaLogitsParams& p) {
         if (block < 0 || block >= p.cache.num_blocks) continue;  // missing page: the logit stays -inf
         const uint8_t* page = p.cache.base + block * p.cache.block_stride;
         const int64_t off = t % p.cache.block_size;
-        codes[count] = page + off * entry_bytes;
+        decode_e4m3_row_bf16(page + off * entry_bytes, p.head_dim, keys.rows + count * p.head_dim);
         std::memcpy(&scales[count], page + p.cache.block_size * entry_bytes + 4 * off, 4);
         positions[count++] = t;
       }
@@ -218,43 +255,65 @@ inline void fp8_paged_mqa_logits(const PagedMqaLogitsParams& p) {
         int64_t n = 0;
         while (n < count && positions[n] < len) ++n;
         if (n == 0) continue;
-        prepare_query(*query, p.q + row * p.num_heads * p.head_dim, p.head_dim, p.num_heads, p.head_dim,
-                      p.weights + row * p.w_stride);
-        score_keys(*query, KeyRun{codes, scales, n}, scored);
+        if (!prepared[j]) {
+          prepare_query(queries[j], p.q + row * p.num_heads * p.head_dim, p.head_dim, p.num_heads, p.head_dim,
+                        p.weights + row * p.w_stride);
+          prepared[j] = true;
+        }
+        score_keys(queries[j], KeyRun{keys.rows, scales, n}, scored);
         for (int64_t i = 0; i < n; ++i) out[positions[i]] = scored[i];
       }
     }
-    delete query;
+    delete[] prepared;
+    delete[] queries;
   });
 }
 
 inline void fp8_mqa_logits(const MqaLogitsParams& p) {
-  // Tasks: (row, run of kLogitsTaskKeys columns).
+  // Tasks: (block of kLogitsRowBlock rows, run of kLogitsTaskKeys keys): the run is decoded once for the block.
   const int64_t runs = p.num_keys > 0 ? (p.num_keys + kLogitsTaskKeys - 1) / kLogitsTaskKeys : 1;
-  parallel(p.rows * runs, 1, [&](int64_t begin, int64_t end) {
-    LogitsQuery* query = new LogitsQuery;
-    const uint8_t* codes[kLogitsTaskKeys];
-    int64_t prepared_row = -1;
+  const int64_t row_blocks = (p.rows + kLogitsRowBlock - 1) / kLogitsRowBlock;
+  parallel(row_blocks * runs, 1, [&](int64_t begin, int64_t end) {
+    LogitsQuery* queries = new LogitsQuery[kLogitsRowBlock];
+    bool prepared[kLogitsRowBlock] = {};
+    int64_t prepared_block = -1;
+    KeyBuffer keys(p.head_dim);
+    [[maybe_unused]] TileScope tiles;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t row = task / runs, c0 = (task % runs) * kLogitsTaskKeys;
+      const int64_t block = task / runs, c0 = (task % runs) * kLogitsTaskKeys;
       const int64_t c1 = c0 + kLogitsTaskKeys < p.num_keys ? c0 + kLogitsTaskKeys : p.num_keys;
-      float* out = p.out + row * p.out_stride;
-      int64_t ks = index_at(p.ks, row), ke = index_at(p.ke, row);
-      ks = ks < c0 ? c0 : ks;
-      ke = ke > c1 ? c1 : ke;
-      if (p.clean_logits) {
-        fill_neg_inf(out, c0, ks < c1 ? ks : c1);
-        fill_neg_inf(out, ke > c0 ? ke : c0, c1);
+      if (block != prepared_block) {
+        for (bool& ready : prepared) ready = false;
+        prepared_block = block;
       }
-      if (ks >= ke) continue;
-      if (prepared_row != row) {
-        prepare_query(*query, p.q + row * p.q_stride_m, p.q_stride_h, p.num_heads, p.head_dim,
-                      p.weights + row * p.w_stride);
-        prepared_row = row;
+      const int64_t r0 = block * kLogitsRowBlock;
+      const int64_t r1 = r0 + kLogitsRowBlock < p.rows ? r0 + kLogitsRowBlock : p.rows;
+      int64_t lo = c1, hi = c0;  // union of the block's ranges inside the run: only those keys are decoded
+      for (int64_t row = r0; row < r1; ++row) {
+        const int64_t ks = index_at(p.ks, row) > c0 ? index_at(p.ks, row) : c0;
+        const int64_t ke = index_at(p.ke, row) < c1 ? index_at(p.ke, row) : c1;
+        if (ks < ke) lo = ks < lo ? ks : lo, hi = ke > hi ? ke : hi;
       }
-      for (int64_t c = ks; c < ke; ++c) codes[c - ks] = p.k + c * p.k_stride;
-      score_keys(*query, KeyRun{codes, p.k_scale + ks, ke - ks}, out + ks);
+      for (int64_t c = lo; c < hi; ++c)
+        decode_e4m3_row_bf16(p.k + c * p.k_stride, p.head_dim, keys.rows + (c - c0) * p.head_dim);
+      for (int64_t row = r0; row < r1; ++row) {
+        float* out = p.out + row * p.out_stride;
+        const int64_t ks = index_at(p.ks, row) > c0 ? index_at(p.ks, row) : c0;
+        const int64_t ke = index_at(p.ke, row) < c1 ? index_at(p.ke, row) : c1;
+        if (p.clean_logits) {
+          fill_neg_inf(out, c0, ks < c1 ? ks : c1);
+          fill_neg_inf(out, ke > c0 ? ke : c0, c1);
+        }
+        if (ks >= ke) continue;
+        LogitsQuery& query = queries[row - r0];
+        if (!prepared[row - r0]) {
+          prepare_query(query, p.q + row * p.q_stride_m, p.q_stride_h, p.num_heads, p.head_dim,
+                        p.weights + row * p.w_stride);
+          prepared[row - r0] = true;
+        }
+        score_keys(query, KeyRun{keys.rows + (ks - c0) * p.head_dim, p.k_scale + ks, ke - ks}, out + ks);
+      }
     }
-    delete query;
+    delete[] queries;
   });
 }

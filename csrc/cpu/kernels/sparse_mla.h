@@ -1,4 +1,202 @@
 // Sparse MLA attention (FlashMLA semantics) over fp8 paged caches (decode) and bf16 rows (prefill).
+//
+// Per query token, its valid attended rows (main set then extra set, in column order; a row listed twice is
+// attended twice; invalid entries are never read) are staged kChunkRows at a time as bf16, dequantized once and
+// shared by all heads; then S^T = K Q^T, an online softmax with heads in vector lanes, and acc += P V
+// (sparse_mla_gemm.h, sparse_mla_softmax.h). With few queries per thread (decode batch 1) each query's columns
+// are split across threads and the partial states merged through their lse, so results depend on the thread
+// count the way FlashMLA's depend on the SM count.
 
-inline void sparse_mla_decode(const SparseMlaDecodeParams& p) {}
-inline void sparse_mla_prefill(const SparseMlaPrefillParams& p) {}
+constexpr int64_t kChunkRows = 128;  // attended rows staged per step (a multiple of kRowBlock)
+constexpr int64_t kMinSplitColumns = 64;  // a split of fewer columns costs more to merge than it saves
+constexpr int64_t kQueriesPerThreadUnsplit = 4;  // from this many queries per thread on, whole queries balance well
+constexpr int64_t kBufferAlign = 64;
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// A grow-only, 64-byte aligned byte buffer.
+struct ScratchBuffer {
+  uint8_t* memory = nullptr;
+  int64_t capacity = 0;
+  ScratchBuffer() = default;
+  ScratchBuffer(const ScratchBuffer&) = delete;
+  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
+  ~ScratchBuffer() { delete[] memory; }
+  uint8_t* reserve(int64_t bytes) {
+    if (bytes > capacity) {
+      delete[] memory;
+      memory = new uint8_t[bytes + kBufferAlign];
+      capacity = bytes;
+    }
+    const uintptr_t address = reinterpret_cast<uintptr_t>(memory);
+    return memory + (kBufferAlign - address % kBufferAlign) % kBufferAlign;
+  }
+};
+
+// One thread's buffers for one query (sized for 128 heads, d_qk 576) and its list of attended rows.
+struct AttentionBuffers {
+  uint16_t *keys, *values, *qpack, *probs;
+  float *scores, *state;
+  AttendedRow* rows;
+};
+
+inline AttentionBuffers thread_buffers(int64_t max_rows) {
+  const int64_t sizes[] = {kChunkRows * kMaxQkDim * 2, kChunkRows * kValueDim * 2, kMaxHeads * kMaxQkDim * 2,
+                           kMaxHeads * kChunkRows * 2, kChunkRows * kMaxHeads * 4,
+                           softmax_state_floats(kMaxHeads) * 4, max_rows * int64_t(sizeof(AttendedRow))};
+  int64_t total = 0;
+  for (int64_t s : sizes) total += round_up(s, kBufferAlign);
+  static thread_local ScratchBuffer scratch;
+  uint8_t* p = scratch.reserve(total);
+  uint8_t* region[7];
+  for (int i = 0; i < 7; ++i) region[i] = p, p += round_up(sizes[i], kBufferAlign);
+  return {reinterpret_cast<uint16_t*>(region[0]), reinterpret_cast<uint16_t*>(region[1]),
+          reinterpret_cast<uint16_t*>(region[2]), reinterpret_cast<uint16_t*>(region[3]),
+          reinterpret_cast<float*>(region[4]), reinterpret_cast<float*>(region[5]),
+          reinterpret_cast<AttendedRow*>(region[6])};
+}
+
+inline int64_t split_count(int64_t queries, int64_t columns, int64_t threads) {
+  if (threads <= 1 || queries >= kQueriesPerThreadUnsplit * threads) return 1;
+  int64_t gcd = queries, rest = threads;
+  while (rest) {
+    const int64_t r = gcd % rest;
+    gcd = rest, rest = r;
+  }
+  const int64_t balanced = threads / gcd;  // queries * balanced items spread evenly over the threads
+  int64_t most = columns / kMinSplitColumns;
+  most = most < kMaxParts ? most : kMaxParts;
+  return most < 1 ? 1 : (balanced < most ? balanced : most);
+}
+
+// Attends query t over its columns [c0, c1) into state s.
+template <class Problem>
+inline void attend_columns(const Problem& pb, int64_t t, int64_t c0, int64_t c1, int64_t hp, const AttentionBuffers& b,
+                           const SoftmaxState& s) {
+  reset(s, hp);
+  const int64_t count = pb.gather(t, c0, c1, b.rows);
+  if (count == 0) return;
+  pack_query(pb.query(t), pb.q_stride_h, pb.heads, hp, pb.d_qk, b.qpack);
+  for (int64_t r0 = 0; r0 < count; r0 += kChunkRows) {
+    const int64_t n = count - r0 < kChunkRows ? count - r0 : kChunkRows, rows = round_up(n, kRowBlock);
+    for (int64_t i = 0; i < n; ++i) stage_row(pb.format, b.rows[r0 + i], pb.d_qk, b.keys + i * pb.d_qk);
+    std::memset(b.keys + n * pb.d_qk, 0, (rows - n) * pb.d_qk * sizeof(uint16_t));
+    interleave_value_pairs(b.keys, pb.d_qk, rows, b.values);
+    scores(b.keys, pb.d_qk, rows, b.qpack, hp, b.scores);
+    softmax_step(b.scores, n, rows, hp, pb.scale, s, b.probs);
+    accumulate_values(b.probs, rows, b.values, hp, s.acc);
+  }
+}
+
+// Problem: queries, heads, d_qk, q_stride_h, scale, format, threads, max_columns; query(t), columns(t),
+// gather(t, c0, c1, rows) -> count, output(t) -> QueryOutput.
+template <class Problem>
+inline void run_sparse_attention(const Problem& pb) {
+  const int64_t hp = round_up(pb.heads, kHeadBlock), state_floats = softmax_state_floats(hp);
+  const int64_t splits = split_count(pb.queries, pb.max_columns, pb.threads);
+  static thread_local ScratchBuffer partial_states;
+  float* parts = splits > 1 ? reinterpret_cast<float*>(partial_states.reserve(pb.queries * splits * state_floats * 4))
+                            : nullptr;
+  parallel(pb.queries * splits, 1, [&](int64_t begin, int64_t end) {
+    const AttentionBuffers b = thread_buffers(pb.max_columns);
+#if defined(__AMX_BF16__)
+    configure_attention_tiles();
+#endif
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t t = item / splits, part = item % splits, columns = pb.columns(t);
+      const SoftmaxState s = softmax_state(splits > 1 ? parts + item * state_floats : b.state, hp);
+      attend_columns(pb, t, columns * part / splits, columns * (part + 1) / splits, hp, b, s);
+      if (splits == 1) finish_query(&s, 1, pb.output(t));
+    }
+#if defined(__AMX_BF16__)
+    _tile_release();
+#endif
+  });
+  if (splits == 1) return;
+  parallel(pb.queries, 1, [&](int64_t begin, int64_t end) {
+    SoftmaxState states[kMaxParts];
+    for (int64_t t = begin; t < end; ++t) {
+      for (int64_t i = 0; i < splits; ++i) states[i] = softmax_state(parts + (t * splits + i) * state_floats, hp);
+      finish_query(states, splits, pb.output(t));
+    }
+  });
+}
+
+inline int64_t index_entry(const void* indices, bool is_int64, int64_t i) {
+  return is_int64 ? static_cast<const int64_t*>(indices)[i] : static_cast<const int32_t*>(indices)[i];
+}
+
+// Candidate columns of one index set for batch b: topk, cut by the set's length when given.
+inline int64_t set_columns(const SparseIndexSet& set, int64_t b) {
+  if (!set.indices) return 0;
+  if (!set.lengths.data) return set.topk;
+  const int64_t length = index_at(set.lengths, b);
+  return length < 0 ? 0 : (length < set.topk ? length : set.topk);
+}
+
+// Valid rows of columns [c0, c1) of one set for query (b, s).
+__attribute__((noinline)) inline int64_t gather_set(const SparseIndexSet& set, int64_t b, int64_t s, int64_t c0, int64_t c1, AttendedRow* rows) {
+  int64_t count = 0;
+  const int64_t base = b * set.stride_b + s * set.stride_s;
+  for (int64_t c = c0; c < c1; ++c)
+    count += cache_row(set.cache, index_entry(set.indices, set.is_int64, base + c * set.stride_k), rows + count);
+  return count;
+}
+
+struct DecodeProblem {
+  const SparseMlaDecodeParams& p;
+  int64_t queries, heads, d_qk, q_stride_h, threads, max_columns;
+  float scale;
+  RowFormat format;
+
+  explicit DecodeProblem(const SparseMlaDecodeParams& params)
+      : p(params), queries(params.b * params.s_q), heads(params.h_q), d_qk(params.d_qk), q_stride_h(params.q_stride_h),
+        threads(params.threads), max_columns(params.main.topk + (params.extra.indices ? params.extra.topk : 0)),
+        scale(params.sm_scale), format(params.layout == KvLayout::model1 ? RowFormat::model1 : RowFormat::v32) {}
+
+  const uint16_t* query(int64_t t) const { return p.q + (t / p.s_q) * p.q_stride_b + (t % p.s_q) * p.q_stride_s; }
+  int64_t columns(int64_t t) const { return set_columns(p.main, t / p.s_q) + set_columns(p.extra, t / p.s_q); }
+  // Columns [0, main) are the main set's, the rest the extra set's.
+  int64_t gather(int64_t t, int64_t c0, int64_t c1, AttendedRow* rows) const {
+    const int64_t b = t / p.s_q, s = t % p.s_q, main = set_columns(p.main, b);
+    const int64_t count = gather_set(p.main, b, s, c0, c1 < main ? c1 : main, rows);
+    return count + gather_set(p.extra, b, s, c0 > main ? c0 - main : 0, c1 - main, rows + count);
+  }
+  QueryOutput output(int64_t t) const {
+    const int64_t b = t / p.s_q, s = t % p.s_q;
+    return {p.out + t * p.h_q * p.d_v, p.lse + b * p.h_q * p.s_q + s, nullptr, p.s_q, p.h_q, p.attn_sink};
+  }
+};
+
+struct PrefillProblem {
+  const SparseMlaPrefillParams& p;
+  int64_t queries, heads, d_qk, q_stride_h, threads, max_columns;
+  float scale;
+  RowFormat format = RowFormat::bf16;
+
+  explicit PrefillProblem(const SparseMlaPrefillParams& params)
+      : p(params), queries(params.s_q), heads(params.h_q), d_qk(params.d_qk), q_stride_h(params.q_stride_h),
+        threads(params.threads), max_columns(params.topk), scale(params.sm_scale) {}
+
+  const uint16_t* query(int64_t t) const { return p.q + t * p.q_stride_s; }
+  int64_t columns(int64_t t) const {
+    if (!p.topk_length.data) return p.topk;
+    const int64_t length = index_at(p.topk_length, t);
+    return length < 0 ? 0 : (length < p.topk ? length : p.topk);
+  }
+  int64_t gather(int64_t t, int64_t c0, int64_t c1, AttendedRow* rows) const {
+    int64_t count = 0;
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t i = index_entry(p.indices, p.is_int64, t * p.idx_stride_s + c * p.idx_stride_k);
+      if (i < 0 || i >= p.s_kv) continue;
+      rows[count++] = {reinterpret_cast<const uint8_t*>(p.kv + i * p.kv_stride), 0, 1};
+    }
+    return count;
+  }
+  QueryOutput output(int64_t t) const {
+    return {p.out + t * p.h_q * p.d_v, p.lse + t * p.h_q, p.max_logits + t * p.h_q, 1, p.h_q, p.attn_sink};
+  }
+};
+
+inline void sparse_mla_decode(const SparseMlaDecodeParams& p) { run_sparse_attention(DecodeProblem(p)); }
+inline void sparse_mla_prefill(const SparseMlaPrefillParams& p) { run_sparse_attention(PrefillProblem(p)); }

@@ -1,3 +1,460 @@
 // Per-row top-k of indexer logits with optional page translation.
+//
+// Every float maps to an order key, a uint32 that grows with rank (numbers ascending, -0 == +0, NaN
+// below -inf), so "the k best" is "the k largest keys, ties by lower index". A row, or each piece of a
+// long row split across threads, is scanned once against a key floor read off a sample; entries that
+// reach it go to a bounded candidate buffer that, when full, keeps its exact top k and raises the
+// floor. Radix select on the candidates finds the k winners and a stable radix sort orders them.
 
-inline void topk_transform(const TopkTransformParams& p) {}
+constexpr int kTopkDigitBits = 8;  // radix digit of the select and of the sort
+constexpr int kTopkDigits = 1 << kTopkDigitBits;
+constexpr int kTopkKeyBits = 32;
+constexpr int kTopkHistCopies = 4;  // interleaved histograms, so repeated bins do not serialize the increments
+constexpr int64_t kTopkBlock = 16;  // most candidates one vector step appends
+constexpr int64_t kTopkCapacity = 4;  // the candidate buffer holds this many k before it is trimmed to k
+constexpr int64_t kTopkSamples = 1024;  // most sample points per scanned piece
+constexpr int64_t kTopkSampleSpacing = 16;  // at least this many entries per sample point
+constexpr int64_t kTopkSurplus = 2;  // the sampled floor aims at this many k candidates per row
+constexpr int64_t kTopkMinPiece = 4096;  // a shorter piece of a row costs less to scan than to hand to a thread
+constexpr int64_t kTopkMinRank = 24;  // sample points a floor must keep: +-20% on the candidate count
+constexpr uint32_t kTopkNanKey = 0;  // below the key of -inf: NaN ranks after every number
+constexpr uint32_t kTopkNegInfKey = 0x007fffffu;
+
+// Order key of one score.
+inline uint32_t topk_key(float x) {
+  if (std::isnan(x)) return kTopkNanKey;
+  const uint32_t u = f32_bits(x + 0.0f);  // adding +0 turns -0 into +0, which torch ranks as equal
+  return u ^ (uint32_t(int32_t(u) >> 31) | 0x80000000u);
+}
+
+#if defined(__AVX512F__)
+inline __m512i topk_key16(__m512 x) {
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  const __m512i u = _mm512_castps_si512(_mm512_add_ps(x, _mm512_setzero_ps()));
+  const __m512i flip = _mm512_or_si512(_mm512_srai_epi32(u, 31), _mm512_set1_epi32(INT32_MIN));
+  return _mm512_maskz_mov_epi32(_knot_mask16(nan), _mm512_xor_si512(u, flip));
+}
+#elif defined(__AVX2__)
+inline __m256i topk_key8(__m256 x) {
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  const __m256i u = _mm256_castps_si256(_mm256_add_ps(x, _mm256_setzero_ps()));
+  const __m256i flip = _mm256_or_si256(_mm256_srai_epi32(u, 31), _mm256_set1_epi32(INT32_MIN));
+  return _mm256_andnot_si256(nan, _mm256_xor_si256(u, flip));
+}
+#endif
+
+// new[]/delete[] owner for the kernel's scratch.
+template <class T>
+struct TopkArray {
+  T* data;
+  explicit TopkArray(int64_t n) : data(new T[n > 0 ? n : 1]) {}
+  ~TopkArray() { delete[] data; }
+  TopkArray(const TopkArray&) = delete;
+  TopkArray& operator=(const TopkArray&) = delete;
+};
+
+// Smallest and largest of n >= 1 keys.
+struct TopkRange {
+  uint32_t lo, hi;
+};
+inline TopkRange topk_range(const uint32_t* keys, int64_t n) {
+  uint32_t lo = keys[0], hi = keys[0];
+  for (int64_t i = 1; i < n; ++i) {
+    lo = keys[i] < lo ? keys[i] : lo;
+    hi = keys[i] > hi ? keys[i] : hi;
+  }
+  return {lo, hi};
+}
+
+inline int topk_bit_width(uint32_t x) { return x ? kTopkKeyBits - __builtin_clz(x) : 0; }
+
+// Copies, in order, the keys in [lo, lo + width] to dst (which may be src); returns how many.
+inline int64_t topk_keys_within(const uint32_t* src, int64_t n, uint32_t lo, uint32_t width, uint32_t* dst) {
+  int64_t i = 0, m = 0;
+#if defined(__AVX512F__)
+  const __m512i vlo = _mm512_set1_epi32(int32_t(lo)), vwidth = _mm512_set1_epi32(int32_t(width));
+  for (; i + kTopkBlock <= n; i += kTopkBlock) {
+    const __m512i key = _mm512_loadu_si512(src + i);
+    const __mmask16 in = _mm512_cmple_epu32_mask(_mm512_sub_epi32(key, vlo), vwidth);
+    _mm512_mask_compressstoreu_epi32(dst + m, in, key);
+    m += __builtin_popcount(in);
+  }
+#endif
+  for (; i < n; ++i) {  // branch-free: the test is unpredictable
+    dst[m] = src[i];
+    m += src[i] - lo <= width;
+  }
+  return m;
+}
+
+// The rank-th largest key of a set, and how many entries equal to it belong to the top rank.
+struct TopkRank {
+  uint32_t key;
+  int64_t ties;
+};
+
+// Radix select on key - min, most significant digit first, each round's digit cut from the top of the
+// live keys' range (so clustered keys narrow as fast as spread ones); work holds up to n keys.
+inline TopkRank topk_kth_key(const uint32_t* keys, int64_t n, int64_t rank, uint32_t* work) {
+  const uint32_t* live = keys;
+  int64_t live_n = n, need = rank;
+  for (;;) {
+    const TopkRange range = topk_range(live, live_n);
+    if (range.lo == range.hi) return {range.lo, need};
+    const int bits = topk_bit_width(range.hi - range.lo);
+    const int shift = bits > kTopkDigitBits ? bits - kTopkDigitBits : 0;
+    uint32_t hist[kTopkHistCopies][kTopkDigits] = {};
+    int64_t i = 0;
+    for (; i + kTopkHistCopies <= live_n; i += kTopkHistCopies)
+      for (int c = 0; c < kTopkHistCopies; ++c) ++hist[c][(live[i + c] - range.lo) >> shift];
+    for (; i < live_n; ++i) ++hist[0][(live[i] - range.lo) >> shift];
+    uint32_t digit = (range.hi - range.lo) >> shift;
+    for (;; --digit) {
+      int64_t in_digit = 0;
+      for (int c = 0; c < kTopkHistCopies; ++c) in_digit += hist[c][digit];
+      if (in_digit >= need) break;
+      need -= in_digit;
+    }
+    live_n = topk_keys_within(live, live_n, range.lo + (digit << shift), (1u << shift) - 1, work);
+    live = work;
+  }
+}
+
+// Compacts (key, index) pairs, in order, to those above t.key and the first t.ties equal to it.
+inline int64_t topk_keep_top(uint32_t* keys, uint32_t* idx, int64_t n, TopkRank t) {
+  int64_t i = 0, m = 0, ties = t.ties;
+#if defined(__AVX512F__)
+  const __m512i kth = _mm512_set1_epi32(int32_t(t.key));
+  for (; i + kTopkBlock <= n; i += kTopkBlock) {
+    const __m512i key = _mm512_loadu_si512(keys + i), index = _mm512_loadu_si512(idx + i);
+    uint32_t tie = _mm512_cmpeq_epi32_mask(key, kth);
+    while (__builtin_popcount(tie) > ties) tie ^= 1u << (31 - __builtin_clz(tie));  // only the first ties
+    ties -= __builtin_popcount(tie);
+    const __mmask16 keep = __mmask16(_mm512_cmpgt_epu32_mask(key, kth) | tie);
+    _mm512_mask_compressstoreu_epi32(keys + m, keep, key);
+    _mm512_mask_compressstoreu_epi32(idx + m, keep, index);
+    m += __builtin_popcount(keep);
+  }
+#endif
+  for (; i < n; ++i) {  // branch-free: the comparison is unpredictable
+    const uint32_t key = keys[i], index = idx[i];
+    const bool tie = key == t.key;
+    const bool keep = key > t.key || (tie && ties > 0);
+    ties -= tie && keep;
+    keys[m] = key;
+    idx[m] = index;
+    m += keep;
+  }
+  return m;
+}
+
+// (key, row-relative index) pairs in index order; keys below floor are not admitted.
+struct TopkCandidates {
+  uint32_t* keys;
+  uint32_t* idx;
+  int64_t count, capacity;
+  uint32_t floor;
+};
+
+// Keeps exactly the top k candidates, still in index order.
+inline void topk_trim(TopkCandidates& c, int64_t k, uint32_t* work) {
+  const TopkRank t = topk_kth_key(c.keys, c.count, k, work);
+  c.count = topk_keep_top(c.keys, c.idx, c.count, t);
+  c.floor = t.key + 1;  // later entries have higher indices: a tie with the k-th kept key loses
+}
+
+inline void topk_admit(TopkCandidates& c, uint32_t key, uint32_t index, int64_t k, uint32_t* work) {
+  if (key < c.floor) return;
+  if (c.count == c.capacity) {
+    topk_trim(c, k, work);
+    if (key < c.floor) return;
+  }
+  c.keys[c.count] = key;
+  c.idx[c.count++] = index;
+}
+
+#if defined(__AVX512F__)
+// Admits the lanes of 16 scores (indices index, index + 1, ...) whose keys reach the floor.
+inline void topk_admit16(TopkCandidates& c, __m512 x, uint32_t index, int64_t k, uint32_t* work) {
+  const __m512i key = topk_key16(x);
+  __mmask16 keep = _mm512_cmpge_epu32_mask(key, _mm512_set1_epi32(int32_t(c.floor)));
+  if (!keep) return;
+  if (c.count > c.capacity - kTopkBlock) {
+    topk_trim(c, k, work);
+    keep = _mm512_cmpge_epu32_mask(key, _mm512_set1_epi32(int32_t(c.floor)));
+  }
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i indices = _mm512_add_epi32(lanes, _mm512_set1_epi32(int32_t(index)));
+  // full-width stores are fine: count + 16 <= capacity
+  _mm512_storeu_si512(c.keys + c.count, _mm512_maskz_compress_epi32(keep, key));
+  _mm512_storeu_si512(c.idx + c.count, _mm512_maskz_compress_epi32(keep, indices));
+  c.count += __builtin_popcount(keep);
+}
+#elif defined(__AVX2__)
+inline void topk_admit8(TopkCandidates& c, __m256 x, uint32_t index, int64_t k, uint32_t* work) {
+  constexpr int kLanes = 8;
+  uint32_t lane_keys[kLanes];
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(lane_keys), topk_key8(x));
+  for (int j = 0; j < kLanes; ++j) topk_admit(c, lane_keys[j], index + uint32_t(j), k, work);
+}
+#endif
+
+// The float whose order key is key (> kTopkNegInfKey).
+inline float topk_key_value(uint32_t key) { return bits_f32(key & 0x80000000u ? key ^ 0x80000000u : ~key); }
+
+// Admits x[i] (index base + i) for i < n; a candidate of the top k is never lost. While the floor admits
+// numbers only, a float compare with its value skips blocks cheaply; it can pass more lanes than the
+// keys would (with denormals flushed) but never fewer, and the keys decide.
+inline void topk_collect(TopkCandidates& c, const float* x, int64_t n, uint32_t base, int64_t k, uint32_t* work) {
+  int64_t i = 0;
+  bool numeric = c.floor > kTopkNegInfKey;
+  float value = topk_key_value(c.floor);
+#if defined(__AVX512F__)
+  for (; i + 2 * kTopkBlock <= n; i += 2 * kTopkBlock) {
+    const __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + kTopkBlock);
+    const __m512 v = _mm512_set1_ps(value);
+    if (numeric && !(_mm512_cmp_ps_mask(a, v, _CMP_GE_OQ) | _mm512_cmp_ps_mask(b, v, _CMP_GE_OQ))) continue;
+    topk_admit16(c, a, base + uint32_t(i), k, work);
+    topk_admit16(c, b, base + uint32_t(i + kTopkBlock), k, work);
+    numeric = c.floor > kTopkNegInfKey;
+    value = topk_key_value(c.floor);
+  }
+#elif defined(__AVX2__)
+  constexpr int64_t kLanes = 8;
+  for (; i + kLanes <= n; i += kLanes) {
+    const __m256 a = _mm256_loadu_ps(x + i);
+    if (numeric && !_mm256_movemask_ps(_mm256_cmp_ps(a, _mm256_set1_ps(value), _CMP_GE_OQ))) continue;
+    topk_admit8(c, a, base + uint32_t(i), k, work);
+    numeric = c.floor > kTopkNegInfKey;
+    value = topk_key_value(c.floor);
+  }
+#endif
+  for (; i < n; ++i) {
+    if (numeric && !(x[i] >= value)) continue;
+    topk_admit(c, topk_key(x[i]), base + uint32_t(i), k, work);
+    numeric = c.floor > kTopkNegInfKey;
+    value = topk_key_value(c.floor);
+  }
+}
+
+// A floor that about target of the n entries reach, read off evenly spaced samples, at least min_rank of which
+// reach it (fewer would make the count too noisy); 0 (admit all) when most of them would pass anyway. It may
+// overshoot: callers retry with 0 when too few candidates came through.
+inline uint32_t topk_sampled_floor(const float* x, int64_t n, int64_t target, int64_t min_rank, uint32_t* samples,
+                                   uint32_t* work) {
+  const int64_t count = n / kTopkSampleSpacing < kTopkSamples ? n / kTopkSampleSpacing : kTopkSamples;
+  const int64_t by_target = (target * count + n - 1) / n;
+  const int64_t rank = by_target > min_rank ? by_target : min_rank;
+  if (2 * rank > count) return 0;
+  const int64_t step = n / count;
+  for (int64_t j = 0; j < count; ++j) samples[j] = topk_key(x[j * step]);
+  return topk_kth_key(samples, count, rank, work).key;
+}
+
+// Stable LSD radix sort of n >= 1 pairs by key descending (ties keep their order) on hi - key, with only as
+// many byte passes as the keys' range needs; overwrites keys and returns the sorted indices (idx or tmp_idx).
+inline const uint32_t* topk_sort_desc(uint32_t* keys, uint32_t* idx, int64_t n, uint32_t* tmp_keys,
+                                      uint32_t* tmp_idx) {
+  constexpr int kPasses = kTopkKeyBits / kTopkDigitBits;
+  constexpr uint32_t kMask = kTopkDigits - 1;
+  const TopkRange range = topk_range(keys, n);
+  const int passes = (topk_bit_width(range.hi - range.lo) + kTopkDigitBits - 1) / kTopkDigitBits;
+  uint32_t count[kPasses][kTopkDigits] = {};
+  for (int64_t i = 0; i < n; ++i) {
+    keys[i] = range.hi - keys[i];
+    for (int b = 0; b < passes; ++b) ++count[b][(keys[i] >> (b * kTopkDigitBits)) & kMask];
+  }
+  uint32_t *src_k = keys, *src_i = idx, *dst_k = tmp_keys, *dst_i = tmp_idx;
+  for (int b = 0; b < passes; ++b) {
+    const int shift = b * kTopkDigitBits;
+    if (count[b][(src_k[0] >> shift) & kMask] == uint32_t(n)) continue;  // every key shares this byte
+    uint32_t pos[kTopkDigits];
+    uint32_t sum = 0;
+    for (int d = 0; d < kTopkDigits; ++d) {
+      pos[d] = sum;
+      sum += count[b][d];
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t at = pos[(src_k[i] >> shift) & kMask]++;
+      dst_k[at] = src_k[i];
+      dst_i[at] = src_i[i];
+    }
+    uint32_t* t = src_k;
+    src_k = dst_k, dst_k = t;
+    t = src_i;
+    src_i = dst_i, dst_i = t;
+  }
+  return src_i;
+}
+
+// page_table[r, i // page_size] * page_size + i % page_size; -1 for i < 0, a page past the table or a
+// negative entry.
+inline int32_t topk_slot(const TopkTransformParams& p, int64_t r, int64_t i) {
+  if (i < 0) return -1;
+  const int64_t page = i / p.page_size;
+  if (page >= p.max_pages) return -1;
+  const int64_t block = index_at(p.page_table, r, page);
+  return block < 0 ? -1 : int32_t(block * p.page_size + i % p.page_size);
+}
+
+// Row r's output: idx[j] (j itself when idx is null) for j < count, then -1; slots alongside.
+inline void topk_write_row(const TopkTransformParams& p, int64_t r, const uint32_t* idx, int64_t count) {
+  int32_t* raw = p.raw + r * p.raw_stride;
+  int32_t* slots = p.slots ? p.slots + r * p.slot_stride : nullptr;
+  for (int64_t j = 0; j < p.k; ++j) {
+    const int64_t i = j < count ? (idx ? int64_t(idx[j]) : j) : -1;
+    raw[j * p.raw_col_stride] = int32_t(i);
+    if (slots) slots[j * p.slot_col_stride] = topk_slot(p, r, i);
+  }
+}
+
+// Scratch of one worker: a candidate buffer and key work space of capacity, sort buffers of k, the samples.
+struct TopkWorkspace {
+  TopkArray<uint32_t> storage;
+  uint32_t *keys, *idx, *work, *sort_keys, *sort_idx, *samples;
+  TopkWorkspace(int64_t capacity, int64_t k) : storage(3 * capacity + 2 * k + kTopkSamples) {
+    keys = storage.data;
+    idx = keys + capacity;
+    work = idx + capacity;
+    sort_keys = work + capacity;
+    sort_idx = sort_keys + k;
+    samples = sort_idx + k;
+  }
+};
+
+// Selects, orders and writes the top k of a candidate set holding at least k entries.
+inline void topk_finish_row(const TopkTransformParams& p, int64_t r, TopkCandidates& c, TopkWorkspace& ws) {
+  if (c.count > p.k) topk_trim(c, p.k, ws.work);
+  topk_write_row(p, r, topk_sort_desc(c.keys, c.idx, p.k, ws.sort_keys, ws.sort_idx), p.k);
+}
+
+// Candidates of a whole row with floor 0: the fallback when a sampled floor overshot.
+inline void topk_collect_all(TopkCandidates& c, const float* x, int64_t n, int64_t k, uint32_t* work) {
+  c.count = 0;
+  c.floor = 0;
+  topk_collect(c, x, n, 0, k, work);
+}
+
+// A whole row (slot < 0) or piece `slot` of a row split across threads.
+struct TopkTask {
+  int64_t row, offset, length;  // scores offset of the row start; row length
+  int64_t begin, end, slot;  // the scanned part of the row
+};
+
+// A row split into pieces: their candidates lie in slots [first_slot, first_slot + pieces).
+struct TopkSplit {
+  int64_t task, first_slot, pieces;
+};
+
+// Candidate buffers of the pieces of split rows.
+struct TopkPieces {
+  int64_t capacity;
+  TopkArray<uint32_t> keys, idx;
+  TopkArray<int64_t> count;
+  TopkPieces(int64_t slots, int64_t capacity)
+      : capacity(capacity), keys(slots * capacity), idx(slots * capacity), count(slots) {}
+  TopkCandidates slot(int64_t s, uint32_t floor) {
+    return {keys.data + s * capacity, idx.data + s * capacity, 0, capacity, floor};
+  }
+};
+
+inline void topk_run_task(const TopkTransformParams& p, const TopkTask& t, TopkPieces& pieces, TopkWorkspace& ws) {
+  if (t.length <= p.k) return topk_write_row(p, t.row, nullptr, t.length);
+  const float* x = p.scores + t.offset;
+  const int64_t n = t.end - t.begin;
+  const int64_t target = (kTopkSurplus * p.k * n + t.length - 1) / t.length;  // this piece's share of the row's
+  const int64_t parts = t.length / n;  // the pieces of a row share the precision the floor needs
+  const int64_t min_rank = (kTopkMinRank + parts - 1) / parts;
+  const uint32_t floor = topk_sampled_floor(x + t.begin, n, target, min_rank, ws.samples, ws.work);
+  if (t.slot >= 0) {
+    TopkCandidates c = pieces.slot(t.slot, floor);
+    topk_collect(c, x + t.begin, n, uint32_t(t.begin), p.k, ws.work);
+    pieces.count.data[t.slot] = c.count;
+    return;
+  }
+  TopkCandidates c{ws.keys, ws.idx, 0, kTopkCapacity * p.k, floor};
+  topk_collect(c, x, n, 0, p.k, ws.work);
+  if (c.count < p.k) topk_collect_all(c, x, n, p.k, ws.work);
+  topk_finish_row(p, t.row, c, ws);
+}
+
+// Joins the pieces of a split row (in index order) and finishes it.
+inline void topk_merge_split(const TopkTransformParams& p, const TopkTask& t, const TopkSplit& s, TopkPieces& pieces) {
+  TopkWorkspace ws(s.pieces * pieces.capacity, p.k);
+  TopkCandidates c{ws.keys, ws.idx, 0, s.pieces * pieces.capacity, 0};
+  for (int64_t i = s.first_slot; i < s.first_slot + s.pieces; ++i) {
+    const int64_t n = pieces.count.data[i];
+    std::memcpy(c.keys + c.count, pieces.keys.data + i * pieces.capacity, n * sizeof(uint32_t));
+    std::memcpy(c.idx + c.count, pieces.idx.data + i * pieces.capacity, n * sizeof(uint32_t));
+    c.count += n;
+  }
+  if (c.count < p.k) topk_collect_all(c, p.scores + t.offset, t.length, p.k, ws.work);
+  topk_finish_row(p, t.row, c, ws);
+}
+
+// First task whose cost midpoint is at or past twice_cost / 2 (prefix: running cost from 0).
+inline int64_t topk_first_task(const int64_t* prefix, int64_t tasks, int64_t twice_cost) {
+  int64_t lo = 0, hi = tasks;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (prefix[mid] + prefix[mid + 1] < twice_cost) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+inline void topk_transform(const TopkTransformParams& p) {
+  if (p.rows <= 0) return;
+  const int64_t workers = p.threads > 1 ? p.threads : 1;
+  TopkArray<TopkTask> rows(p.rows);
+  int64_t long_total = 0;
+  for (int64_t r = 0; r < p.rows; ++r) {
+    int64_t start = p.row_starts.data ? index_at(p.row_starts, r) : 0;
+    start = start < 0 ? 0 : (start > p.width ? p.width : start);
+    const int64_t room = p.width - start;
+    int64_t length = index_at(p.lengths, r);
+    length = length < 0 ? 0 : (length > room ? room : length);
+    rows.data[r] = {r, r * p.score_stride + start, length, 0, length, -1};
+    if (length > p.k) long_total += length;
+  }
+  // Rows split into about `workers` pieces of equal work; the rest stay whole.
+  const int64_t share = (long_total + workers - 1) / workers;
+  const int64_t piece_len = share > kTopkMinPiece ? share : kTopkMinPiece;
+  int64_t num_tasks = 0, num_splits = 0;
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const int64_t pieces = rows.data[r].length / piece_len;
+    num_tasks += pieces > 1 ? pieces : 1;
+    num_splits += pieces > 1;
+  }
+  TopkArray<TopkTask> tasks(num_tasks);
+  TopkArray<int64_t> prefix(num_tasks + 1);
+  TopkArray<TopkSplit> splits(num_splits);
+  int64_t t = 0, s = 0, slots = 0;
+  prefix.data[0] = 0;
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const TopkTask& row = rows.data[r];
+    const int64_t pieces = row.length / piece_len > 1 ? row.length / piece_len : 1;
+    if (pieces > 1) splits.data[s++] = {t, slots, pieces};
+    for (int64_t i = 0; i < pieces; ++i, ++t) {
+      tasks.data[t] = row;
+      tasks.data[t].begin = row.length * i / pieces;
+      tasks.data[t].end = row.length * (i + 1) / pieces;
+      tasks.data[t].slot = pieces > 1 ? slots++ : -1;
+      const int64_t scanned = row.length > p.k ? tasks.data[t].end - tasks.data[t].begin : 0;
+      prefix.data[t + 1] = prefix.data[t] + scanned + p.k;  // every task also writes k outputs
+    }
+  }
+  TopkPieces pieces(slots, kTopkCapacity * p.k);
+  const int64_t total = prefix.data[num_tasks];
+  parallel(workers, 1, [&](int64_t begin, int64_t end) {
+    TopkWorkspace ws(kTopkCapacity * p.k, p.k);
+    for (int64_t w = begin; w < end; ++w) {
+      const int64_t first = topk_first_task(prefix.data, num_tasks, 2 * total * w / workers);
+      const int64_t last = topk_first_task(prefix.data, num_tasks, 2 * total * (w + 1) / workers);
+      for (int64_t i = first; i < last; ++i) topk_run_task(p, tasks.data[i], pieces, ws);
+    }
+  });
+  parallel(num_splits, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) topk_merge_split(p, tasks.data[splits.data[i].task], splits.data[i], pieces);
+  });
+}

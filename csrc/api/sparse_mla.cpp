@@ -1,0 +1,163 @@
+// Bindings of the sparse MLA attention ops (FlashMLA sparse decode over fp8 caches, sparse prefill on bf16 kv).
+#include <optional>
+#include <tuple>
+
+#include <torch/csrc/stable/library.h>
+
+#include "api/checks.h"
+#include "cpu/kernel_table.h"
+
+namespace dsv4::api {
+namespace {
+
+constexpr int64_t kModel1HeadDim = 512, kV32HeadDim = 576, kHeadDimV = 512, kMaxHeads = 128;
+constexpr int64_t kModel1BytesPerEntry = 584, kV32BytesPerEntry = 656;
+
+void check_query(const char* op, const Tensor& q, int64_t rank, int64_t head_dim_v) {
+  check_dtype({op, "q"}, q, {ScalarType::BFloat16});
+  check_dim({op, "q"}, q, rank);
+  const int64_t d_qk = q.size(rank - 1), heads = q.size(rank - 2);
+  DSV4_CHECK(d_qk == kModel1HeadDim || d_qk == kV32HeadDim, op, "argument 'q' must have head dim d_qk ", kModel1HeadDim,
+             " (MODEL1) or ", kV32HeadDim, " (V32), got shape ", shape_str(q));
+  DSV4_CHECK(heads >= 1 && heads <= kMaxHeads, op, "argument 'q' must have 1 to ", kMaxHeads, " heads (dimension ",
+             rank - 2, "), got shape ", shape_str(q));
+  check_last_dim_contiguous({op, "q"}, q);
+  DSV4_CHECK(head_dim_v == kHeadDimV, op, "argument 'head_dim_v' must be ", kHeadDimV, ", got ", head_dim_v);
+}
+
+// int32/int64 indices [rows, cols, >= min_topk].
+void check_indices(Arg a, const Tensor& t, int64_t rows, int64_t cols, int64_t min_topk) {
+  check_dtype(a, t, {ScalarType::Int, ScalarType::Long});
+  check_dim(a, t, 3);
+  check_size(a, t, 0, rows);
+  check_size(a, t, 1, cols);
+  DSV4_CHECK(t.size(2) >= min_topk, a.op, "argument '", a.name, "' must have at least ", min_topk,
+             " columns, got shape ", shape_str(t));
+}
+
+std::optional<IndexView> optional_lengths(Arg a, const std::optional<Tensor>& t, int64_t size) {
+  if (!t) return std::nullopt;
+  IndexView v = index_view(a, *t, 1);
+  check_size(a, *t, 0, size);
+  return v;
+}
+
+// A contiguous fp32 [heads] sink, or nullopt.
+std::optional<Tensor> checked_sink(const char* op, const std::optional<Tensor>& sink, int64_t heads) {
+  if (!sink) return std::nullopt;
+  check_dtype({op, "attn_sink"}, *sink, {ScalarType::Float});
+  check_dim({op, "attn_sink"}, *sink, 1);
+  check_size({op, "attn_sink"}, *sink, 0, heads);
+  return torch::stable::contiguous(*sink);
+}
+
+void check_optional_device(const char* op, const Tensor& ref, const char* name, const std::optional<Tensor>& t) {
+  if (t) check_same_device(op, ref, {{name, &*t}});
+}
+
+SparseIndexSet index_set(const Tensor& indices, std::optional<IndexView> lengths, const PagedCache& cache) {
+  SparseIndexSet s;
+  s.indices = indices.const_data_ptr();
+  s.is_int64 = indices.scalar_type() == ScalarType::Long;
+  s.stride_b = indices.stride(0), s.stride_s = indices.stride(1), s.stride_k = indices.stride(2);
+  s.topk = indices.size(2);
+  if (lengths) s.lengths = *lengths;
+  s.cache = cache;
+  return s;
+}
+
+std::tuple<Tensor, Tensor> sparse_mla_decode(Tensor q, Tensor kv_cache, Tensor indices, std::optional<Tensor> topk_length,
+                                             std::optional<Tensor> attn_sink, std::optional<Tensor> extra_kv_cache,
+                                             std::optional<Tensor> extra_indices,
+                                             std::optional<Tensor> extra_topk_length, int64_t block_size,
+                                             int64_t extra_block_size, int64_t head_dim_v, double sm_scale,
+                                             std::optional<Tensor> tile_scheduler_metadata,
+                                             std::optional<Tensor> num_splits) {
+  const char* op = "sparse_mla_decode";
+  check_same_device(op, q, {{"kv_cache", &kv_cache}, {"indices", &indices}});
+  check_optional_device(op, q, "topk_length", topk_length);
+  check_optional_device(op, q, "attn_sink", attn_sink);
+  check_optional_device(op, q, "extra_kv_cache", extra_kv_cache);
+  check_optional_device(op, q, "extra_indices", extra_indices);
+  check_optional_device(op, q, "extra_topk_length", extra_topk_length);
+  check_query(op, q, 4, head_dim_v);
+  SparseMlaDecodeParams p;
+  p.b = q.size(0), p.s_q = q.size(1), p.h_q = q.size(2), p.d_qk = q.size(3);
+  p.layout = p.d_qk == kModel1HeadDim ? KvLayout::model1 : KvLayout::v32;
+  const int64_t entry_bytes = p.d_qk == kModel1HeadDim ? kModel1BytesPerEntry : kV32BytesPerEntry;
+  const PagedCache cache = paged_cache({op, "kv_cache"}, kv_cache, block_size, entry_bytes);
+  check_indices({op, "indices"}, indices, p.b, p.s_q, 1);
+  p.main = index_set(indices, optional_lengths({op, "topk_length"}, topk_length, p.b), cache);
+  const std::optional<Tensor> sink = checked_sink(op, attn_sink, p.h_q);
+  DSV4_CHECK(extra_kv_cache.has_value() == extra_indices.has_value(), op,
+             "argument 'extra_indices' must be given exactly when extra_kv_cache is, got extra_kv_cache ",
+             extra_kv_cache ? "given" : "absent");
+  if (extra_kv_cache) {
+    check_positive({op, "extra_block_size"}, extra_block_size);
+    const PagedCache extra_cache = paged_cache({op, "extra_kv_cache"}, *extra_kv_cache, extra_block_size, entry_bytes);
+    check_indices({op, "extra_indices"}, *extra_indices, p.b, p.s_q, 0);
+    p.extra = index_set(*extra_indices, optional_lengths({op, "extra_topk_length"}, extra_topk_length, p.b),
+                        extra_cache);
+  }
+  DSV4_CHECK(!extra_topk_length || extra_indices, op, "argument 'extra_topk_length' must be None without extra_indices");
+  p.q = static_cast<const uint16_t*>(q.const_data_ptr());
+  p.q_stride_b = q.stride(0), p.q_stride_s = q.stride(1), p.q_stride_h = q.stride(2);
+  p.attn_sink = sink ? static_cast<const float*>(sink->const_data_ptr()) : nullptr;
+  p.d_v = kHeadDimV;
+  p.sm_scale = float(sm_scale);
+  p.threads = torch::stable::get_num_threads();
+  Tensor out = torch::stable::empty({p.b, p.s_q, p.h_q, kHeadDimV}, ScalarType::BFloat16, std::nullopt, q.device());
+  Tensor lse = torch::stable::empty({p.b, p.h_q, p.s_q}, ScalarType::Float, std::nullopt, q.device());
+  p.out = static_cast<uint16_t*>(out.data_ptr());
+  p.lse = static_cast<float*>(lse.data_ptr());
+  cpu::kernels().sparse_mla_decode(p);
+  return {out, lse};
+}
+
+std::tuple<Tensor, Tensor, Tensor> sparse_mla_prefill(Tensor q, Tensor kv, Tensor indices, double sm_scale,
+                                                      int64_t head_dim_v, std::optional<Tensor> attn_sink,
+                                                      std::optional<Tensor> topk_length) {
+  const char* op = "sparse_mla_prefill";
+  check_same_device(op, q, {{"kv", &kv}, {"indices", &indices}});
+  check_optional_device(op, q, "attn_sink", attn_sink);
+  check_optional_device(op, q, "topk_length", topk_length);
+  check_query(op, q, 3, head_dim_v);
+  SparseMlaPrefillParams p;
+  p.s_q = q.size(0), p.h_q = q.size(1), p.d_qk = q.size(2);
+  check_dtype({op, "kv"}, kv, {ScalarType::BFloat16});
+  check_dim({op, "kv"}, kv, 3);
+  check_size({op, "kv"}, kv, 1, 1);
+  check_size({op, "kv"}, kv, 2, p.d_qk);
+  check_last_dim_contiguous({op, "kv"}, kv);
+  check_indices({op, "indices"}, indices, p.s_q, 1, 1);
+  const std::optional<Tensor> sink = checked_sink(op, attn_sink, p.h_q);
+  if (const auto lengths = optional_lengths({op, "topk_length"}, topk_length, p.s_q)) p.topk_length = *lengths;
+  p.q = static_cast<const uint16_t*>(q.const_data_ptr());
+  p.q_stride_s = q.stride(0), p.q_stride_h = q.stride(1);
+  p.kv = static_cast<const uint16_t*>(kv.const_data_ptr());
+  p.s_kv = kv.size(0), p.kv_stride = kv.stride(0);
+  p.indices = indices.const_data_ptr();
+  p.is_int64 = indices.scalar_type() == ScalarType::Long;
+  p.idx_stride_s = indices.stride(0), p.idx_stride_k = indices.stride(2), p.topk = indices.size(2);
+  p.attn_sink = sink ? static_cast<const float*>(sink->const_data_ptr()) : nullptr;
+  p.d_v = kHeadDimV;
+  p.sm_scale = float(sm_scale);
+  p.threads = torch::stable::get_num_threads();
+  Tensor out = torch::stable::empty({p.s_q, p.h_q, kHeadDimV}, ScalarType::BFloat16, std::nullopt, q.device());
+  Tensor max_logits = torch::stable::empty({p.s_q, p.h_q}, ScalarType::Float, std::nullopt, q.device());
+  Tensor lse = torch::stable::empty({p.s_q, p.h_q}, ScalarType::Float, std::nullopt, q.device());
+  p.out = static_cast<uint16_t*>(out.data_ptr());
+  p.max_logits = static_cast<float*>(max_logits.data_ptr());
+  p.lse = static_cast<float*>(lse.data_ptr());
+  cpu::kernels().sparse_mla_prefill(p);
+  return {out, max_logits, lse};
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_IMPL(dsv4, CPU, m) {
+  m.impl("sparse_mla_decode", TORCH_BOX(&sparse_mla_decode));
+  m.impl("sparse_mla_prefill", TORCH_BOX(&sparse_mla_prefill));
+}
+
+}  // namespace dsv4::api

@@ -1,0 +1,72 @@
+// Binding of the indexer's top-k transform: per-row top-k indices of fp32 scores, optionally as slot ids.
+#include <optional>
+
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+
+#include "api/checks.h"
+#include "cpu/kernel_table.h"
+
+namespace dsv4::api {
+namespace {
+
+constexpr int64_t kTopkSizes[] = {512, 1024, 2048};
+
+bool supported_k(int64_t k) {
+  for (int64_t s : kTopkSizes)
+    if (k == s) return true;
+  return false;
+}
+
+void topk_transform(Tensor scores, Tensor lengths, std::optional<Tensor> row_starts, std::optional<Tensor> page_table,
+                    int64_t page_size, Tensor raw_indices, std::optional<Tensor> slot_indices) {
+  const char* op = "topk_transform";
+  TopkTransformParams p;
+  check_dtype({op, "scores"}, scores, {ScalarType::Float});
+  check_dim({op, "scores"}, scores, 2);
+  check_last_dim_contiguous({op, "scores"}, scores);
+  p.rows = scores.size(0), p.width = scores.size(1), p.score_stride = scores.stride(0);
+  p.lengths = index_view({op, "lengths"}, lengths, 1);
+  check_size({op, "lengths"}, lengths, 0, p.rows);
+  if (row_starts) {
+    p.row_starts = index_view({op, "row_starts"}, *row_starts, 1);
+    check_size({op, "row_starts"}, *row_starts, 0, p.rows);
+  }
+  if (page_table) {
+    p.page_table = index_view({op, "page_table"}, *page_table, 2);
+    check_size({op, "page_table"}, *page_table, 0, p.rows);
+    p.max_pages = page_table->size(1);
+  }
+  check_dtype({op, "raw_indices"}, raw_indices, {ScalarType::Int});
+  check_dim({op, "raw_indices"}, raw_indices, 2);
+  check_size({op, "raw_indices"}, raw_indices, 0, p.rows);
+  p.k = raw_indices.size(1);
+  DSV4_CHECK(supported_k(p.k), op, "argument 'raw_indices' must select k in (512, 1024, 2048), got ", p.k);
+  if (!page_table) {
+    DSV4_CHECK(!slot_indices, op, "argument 'slot_indices' must be None without a page_table, got a tensor");
+  } else {
+    check_positive({op, "page_size"}, page_size);
+    DSV4_CHECK(slot_indices.has_value(), op, "argument 'slot_indices' must be given with a page_table, got None");
+    check_dtype({op, "slot_indices"}, *slot_indices, {ScalarType::Int});
+    check_dim({op, "slot_indices"}, *slot_indices, 2);
+    check_size({op, "slot_indices"}, *slot_indices, 0, p.rows);
+    check_size({op, "slot_indices"}, *slot_indices, 1, p.k);
+    p.page_size = page_size;
+    p.slots = static_cast<int32_t*>(slot_indices->data_ptr());
+    p.slot_stride = slot_indices->stride(0), p.slot_col_stride = slot_indices->stride(1);
+  }
+  check_same_device(op, scores, {{"lengths", &lengths}, {"raw_indices", &raw_indices}});
+  if (row_starts) check_same_device(op, scores, {{"row_starts", &*row_starts}});
+  if (page_table) check_same_device(op, scores, {{"page_table", &*page_table}, {"slot_indices", &*slot_indices}});
+  p.scores = static_cast<const float*>(scores.const_data_ptr());
+  p.raw = static_cast<int32_t*>(raw_indices.data_ptr());
+  p.raw_stride = raw_indices.stride(0), p.raw_col_stride = raw_indices.stride(1);
+  p.threads = torch::stable::get_num_threads();
+  cpu::kernels().topk_transform(p);
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_IMPL(dsv4, CPU, m) { m.impl("topk_transform", TORCH_BOX(&topk_transform)); }
+
+}  // namespace dsv4::api

@@ -1,0 +1,219 @@
+// The two products of sparse MLA attention on staged bf16 rows, per ISA: scores S^T = K Q^T (rows x heads,
+// so the softmax runs across heads in vector lanes) and acc += P V. Layouts (all bf16 unless noted):
+//   keys    [rows][d_qk]                   row-major staged rows (the AMX A operand)
+//   qpack   [hp/16][d_qk/32][16][16][2]    Q^T in VNNI pairs, one 1 KiB tile per (head block, dim block)
+//   scores  fp32 [rows][hp]
+//   probs   [hp][rows]                     P, row-major per head
+//   values  [rows/2][512][2]               V in VNNI pairs (rows 2e, 2e+1 interleaved)
+//   acc     fp32 [hp][512]
+// rows is a multiple of kRowBlock; hp (heads padded) a multiple of kHeadBlock.
+
+constexpr int64_t kMaxHeads = 128;
+constexpr int64_t kHeadBlock = 16;  // heads per packed query tile
+constexpr int64_t kDimBlock = 32;  // bf16 dims per query tile (one tile-K step)
+constexpr int64_t kRowBlock = 32;  // attended rows per P.V step (one tile-K step)
+constexpr int64_t kQueryTile = kHeadBlock * kDimBlock;  // bf16 elements per packed query tile
+constexpr int64_t kValuePairStride = 2 * kValueDim;  // bf16 elements per row of the values layout
+
+// Offset of the packed query tile of (head block, dim block).
+inline int64_t query_tile(int64_t d_qk, int64_t group, int64_t dim_block) {
+  return (group * (d_qk / kDimBlock) + dim_block) * kQueryTile;
+}
+
+inline int32_t load_pair(const uint16_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// Packs heads [0, heads) of q (bf16, head stride q_stride_h) into qpack; heads in [heads, hp) are zero.
+__attribute__((noinline)) inline void pack_query(const uint16_t* q, int64_t q_stride_h, int64_t heads, int64_t hp, int64_t d_qk, uint16_t* qpack) {
+  for (int64_t g = 0; g < hp / kHeadBlock; ++g) {
+    for (int64_t k = 0; k < d_qk / kDimBlock; ++k) {
+      uint16_t* tile = qpack + query_tile(d_qk, g, k);
+#if defined(__AVX512BF16__)
+      __m512i r[kHeadBlock];
+      for (int64_t i = 0; i < kHeadBlock; ++i) {
+        const int64_t h = g * kHeadBlock + i;
+        r[i] = h < heads ? _mm512_loadu_si512(q + h * q_stride_h + k * kDimBlock) : _mm512_setzero_si512();
+      }
+      transpose_16x16_epi32(r);
+      for (int64_t i = 0; i < kHeadBlock; ++i) _mm512_storeu_si512(tile + i * kDimBlock, r[i]);
+#else
+      for (int64_t pair = 0; pair < kDimBlock / 2; ++pair)
+        for (int64_t i = 0; i < kHeadBlock; ++i)
+          for (int64_t j = 0; j < 2; ++j) {
+            const int64_t h = g * kHeadBlock + i;
+            tile[pair * kDimBlock + 2 * i + j] = h < heads ? q[h * q_stride_h + k * kDimBlock + 2 * pair + j] : 0;
+          }
+#endif
+    }
+  }
+}
+
+#if defined(__AMX_BF16__)
+// Tiles 0-3 accumulate a 2x2 block of 16x16 fp32 outputs, 4-5 hold A, 6-7 hold B; all 16 rows x 64 bytes.
+inline void configure_attention_tiles() {
+  constexpr int kTiles = 8, kRows = 16, kRowBytes = 64;
+  TileConfig cfg{};
+  cfg.palette_id = 1;
+  for (int t = 0; t < kTiles; ++t) cfg.rows[t] = kRows, cfg.colsb[t] = kRowBytes;
+  load_tile_config(cfg);
+}
+
+__attribute__((noinline)) inline void scores(const uint16_t* keys, int64_t d_qk, int64_t rows, const uint16_t* qpack, int64_t hp, float* out) {
+  asm volatile("" : : : "memory");  // tile loads are asm without a memory clobber: flush the staged rows first
+  const int64_t groups = hp / kHeadBlock, key_bytes = d_qk * 2, out_bytes = hp * 4;
+  for (int64_t g = 0; g < groups; g += 2) {
+    const bool two = g + 1 < groups;
+    for (int64_t i = 0; i < rows; i += kRowBlock) {
+      const uint16_t* a = keys + i * d_qk;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t k = 0; k < d_qk / kDimBlock; ++k) {
+        _tile_loadd(4, a + k * kDimBlock, key_bytes);
+        _tile_loadd(5, a + kHeadBlock * d_qk + k * kDimBlock, key_bytes);
+        _tile_loadd(6, qpack + query_tile(d_qk, g, k), kDimBlock * 2);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(2, 5, 6);
+        if (two) {
+          _tile_loadd(7, qpack + query_tile(d_qk, g + 1, k), kDimBlock * 2);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+      float* c = out + i * hp + g * kHeadBlock;
+      _tile_stored(0, c, out_bytes);
+      _tile_stored(2, c + kHeadBlock * hp, out_bytes);
+      if (two) {
+        _tile_stored(1, c + kHeadBlock, out_bytes);
+        _tile_stored(3, c + kHeadBlock * hp + kHeadBlock, out_bytes);
+      }
+    }
+  }
+}
+
+__attribute__((noinline)) inline void accumulate_values(const uint16_t* probs, int64_t rows, const uint16_t* values, int64_t hp, float* acc) {
+  asm volatile("" : : : "memory");
+  const int64_t groups = hp / kHeadBlock, prob_bytes = rows * 2, acc_bytes = kValueDim * 4;
+  for (int64_t g = 0; g < groups; g += 2) {
+    const bool two = g + 1 < groups;
+    const uint16_t* p = probs + g * kHeadBlock * rows;
+    for (int64_t j = 0; j < kValueDim; j += 2 * kHeadBlock) {
+      float* c = acc + g * kHeadBlock * kValueDim + j;
+      _tile_loadd(0, c, acc_bytes);
+      _tile_loadd(1, c + kHeadBlock, acc_bytes);
+      if (two) {
+        _tile_loadd(2, c + kHeadBlock * kValueDim, acc_bytes);
+        _tile_loadd(3, c + kHeadBlock * kValueDim + kHeadBlock, acc_bytes);
+      }
+      for (int64_t e = 0; e < rows; e += kRowBlock) {
+        const uint16_t* v = values + (e / 2) * kValuePairStride + 2 * j;
+        _tile_loadd(4, p + e, prob_bytes);
+        _tile_loadd(6, v, kValuePairStride * 2);
+        _tile_loadd(7, v + 2 * kHeadBlock, kValuePairStride * 2);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        if (two) {
+          _tile_loadd(5, p + kHeadBlock * rows + e, prob_bytes);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+      _tile_stored(0, c, acc_bytes);
+      _tile_stored(1, c + kHeadBlock, acc_bytes);
+      if (two) {
+        _tile_stored(2, c + kHeadBlock * kValueDim, acc_bytes);
+        _tile_stored(3, c + kHeadBlock * kValueDim + kHeadBlock, acc_bytes);
+      }
+    }
+  }
+}
+
+#elif defined(__AVX512BF16__)
+constexpr int64_t kScoreRows = 8;  // rows per register block of the scores product
+constexpr int64_t kValueHeads = 8, kValueVecs = 2;  // register block of the P.V product: heads x 16-dim vectors
+
+template <int kGroups>
+inline void scores_block(const uint16_t* keys, int64_t d_qk, const uint16_t* qpack, int64_t g, float* out, int64_t hp) {
+  __m512 acc[kScoreRows][kGroups];
+  for (auto& row : acc)
+    for (auto& v : row) v = _mm512_setzero_ps();
+  for (int64_t k = 0; k < d_qk / kDimBlock; ++k) {
+    for (int64_t pair = 0; pair < kDimBlock / 2; ++pair) {
+      __m512bh b[kGroups];
+      for (int j = 0; j < kGroups; ++j)
+        b[j] = (__m512bh)_mm512_loadu_si512(qpack + query_tile(d_qk, g + j, k) + pair * kDimBlock);
+      for (int64_t r = 0; r < kScoreRows; ++r) {
+        const __m512bh a = (__m512bh)_mm512_set1_epi32(load_pair(keys + r * d_qk + k * kDimBlock + 2 * pair));
+        for (int j = 0; j < kGroups; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], a, b[j]);
+      }
+    }
+  }
+  for (int64_t r = 0; r < kScoreRows; ++r)
+    for (int j = 0; j < kGroups; ++j) _mm512_storeu_ps(out + r * hp + (g + j) * kHeadBlock, acc[r][j]);
+}
+
+__attribute__((noinline)) inline void scores(const uint16_t* keys, int64_t d_qk, int64_t rows, const uint16_t* qpack, int64_t hp, float* out) {
+  const int64_t groups = hp / kHeadBlock;
+  for (int64_t g = 0; g < groups; g += 2)
+    for (int64_t i = 0; i < rows; i += kScoreRows) {
+      if (g + 1 < groups) scores_block<2>(keys + i * d_qk, d_qk, qpack, g, out + i * hp, hp);
+      else scores_block<1>(keys + i * d_qk, d_qk, qpack, g, out + i * hp, hp);
+    }
+}
+
+__attribute__((noinline)) inline void accumulate_values(const uint16_t* probs, int64_t rows, const uint16_t* values, int64_t hp, float* acc) {
+  for (int64_t d = 0; d < kValueDim; d += kValueVecs * 16) {
+    for (int64_t h = 0; h < hp; h += kValueHeads) {
+      __m512 c[kValueHeads][kValueVecs];
+      for (int64_t r = 0; r < kValueHeads; ++r)
+        for (int64_t j = 0; j < kValueVecs; ++j) c[r][j] = _mm512_loadu_ps(acc + (h + r) * kValueDim + d + 16 * j);
+      for (int64_t e = 0; e < rows / 2; ++e) {
+        __m512bh v[kValueVecs];
+        for (int64_t j = 0; j < kValueVecs; ++j)
+          v[j] = (__m512bh)_mm512_loadu_si512(values + e * kValuePairStride + 2 * (d + 16 * j));
+        for (int64_t r = 0; r < kValueHeads; ++r) {
+          const __m512bh p = (__m512bh)_mm512_set1_epi32(load_pair(probs + (h + r) * rows + 2 * e));
+          for (int64_t j = 0; j < kValueVecs; ++j) c[r][j] = _mm512_dpbf16_ps(c[r][j], p, v[j]);
+        }
+      }
+      for (int64_t r = 0; r < kValueHeads; ++r)
+        for (int64_t j = 0; j < kValueVecs; ++j) _mm512_storeu_ps(acc + (h + r) * kValueDim + d + 16 * j, c[r][j]);
+    }
+  }
+}
+
+#else
+// fp32 products of bf16 pairs; the head / dim loops are innermost so the compiler vectorizes them.
+__attribute__((noinline)) inline void scores(const uint16_t* keys, int64_t d_qk, int64_t rows, const uint16_t* qpack, int64_t hp, float* out) {
+  for (int64_t n = 0; n < rows; ++n) {
+    const uint16_t* key = keys + n * d_qk;
+    for (int64_t g = 0; g < hp / kHeadBlock; ++g) {
+      float acc[kHeadBlock] = {};
+      for (int64_t k = 0; k < d_qk / kDimBlock; ++k) {
+        const uint16_t* tile = qpack + query_tile(d_qk, g, k);
+        for (int64_t pair = 0; pair < kDimBlock / 2; ++pair) {
+          const float k0 = bf16_to_f32(key[k * kDimBlock + 2 * pair]), k1 = bf16_to_f32(key[k * kDimBlock + 2 * pair + 1]);
+          const uint16_t* qrow = tile + pair * kDimBlock;
+          for (int64_t i = 0; i < kHeadBlock; ++i) acc[i] += k0 * bf16_to_f32(qrow[2 * i]) + k1 * bf16_to_f32(qrow[2 * i + 1]);
+        }
+      }
+      std::memcpy(out + n * hp + g * kHeadBlock, acc, sizeof(acc));
+    }
+  }
+}
+
+__attribute__((noinline)) inline void accumulate_values(const uint16_t* probs, int64_t rows, const uint16_t* values, int64_t hp, float* acc) {
+  for (int64_t h = 0; h < hp; ++h) {
+    float* out = acc + h * kValueDim;
+    for (int64_t e = 0; e < rows / 2; ++e) {
+      const float p0 = bf16_to_f32(probs[h * rows + 2 * e]), p1 = bf16_to_f32(probs[h * rows + 2 * e + 1]);
+      const uint16_t* v = values + e * kValuePairStride;
+      for (int64_t d = 0; d < kValueDim; ++d) out[d] += p0 * bf16_to_f32(v[2 * d]) + p1 * bf16_to_f32(v[2 * d + 1]);
+    }
+  }
+}
+#endif

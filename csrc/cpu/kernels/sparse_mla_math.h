@@ -1,0 +1,72 @@
+// Vector building blocks of the sparse MLA kernels: exp, a 16x16 32-bit transpose, bf16 pair interleaving.
+
+#if defined(__AVX512BF16__)
+constexpr float kExpFloor = -104.0f;  // exp of anything below underflows to 0 in fp32
+
+// e^x to about 1 ulp (Cephes' single-precision polynomial on [-ln2/2, ln2/2], then x 2^n); NaN stays NaN.
+inline __m512 exp_ps(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(kExpFloor), x);  // max returns its second operand when one is NaN
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(y, n);
+}
+
+// r[i] element j <-> r[j] element i, for 16 vectors of 16 32-bit elements.
+inline void transpose_16x16_epi32(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  // Per 128-bit lane, u[4g + c] now holds column c of rows 4g..4g+3.
+  __m512i u[16];
+  for (int g = 0; g < 16; g += 4) {
+    u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
+    u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+    u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+    u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee);
+    const __m512i w0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
+    const __m512i w1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xee);
+    r[c] = _mm512_shuffle_i32x4(v0, w0, 0x88);
+    r[4 + c] = _mm512_shuffle_i32x4(v0, w0, 0xdd);
+    r[8 + c] = _mm512_shuffle_i32x4(v1, w1, 0x88);
+    r[12 + c] = _mm512_shuffle_i32x4(v1, w1, 0xdd);
+  }
+}
+
+// 16-bit lane indices for _mm512_permutex2var_epi16(a, index, b): a0 b0 a1 b1 ... from elements 0-15 of a
+// and b ("lo"), or from elements 16-31 ("hi"); the same shape with b at lanes 16-31 of one vector ("packed").
+struct InterleaveIndex {
+  __m512i lo, hi, packed;
+  InterleaveIndex() {
+    alignas(64) uint16_t lo_idx[32], hi_idx[32], packed_idx[32];
+    for (int i = 0; i < 32; ++i) {
+      const uint16_t from_b = i % 2 ? 32 : 0;
+      lo_idx[i] = uint16_t(i / 2 + from_b);
+      hi_idx[i] = uint16_t(i / 2 + 16 + from_b);
+      packed_idx[i] = uint16_t(i / 2 + from_b / 2);
+    }
+    lo = _mm512_load_si512(lo_idx);
+    hi = _mm512_load_si512(hi_idx);
+    packed = _mm512_load_si512(packed_idx);
+  }
+};
+
+// 32 bf16: a0 b0 a1 b1 ... a15 b15 from the fp32 vectors a and b (round to nearest even).
+inline __m512i bf16_pairs(__m512 a, __m512 b, const InterleaveIndex& index) {
+  const __m512i ab = (__m512i)_mm512_cvtne2ps_pbh(b, a);  // a in lanes 0-15, b in 16-31
+  return _mm512_permutexvar_epi16(index.packed, ab);
+}
+#endif

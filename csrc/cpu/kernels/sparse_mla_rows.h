@@ -1,0 +1,123 @@
+// Attended rows of the sparse MLA kernels: where a row's bytes are, and staging it as a bf16 key row plus the
+// pair-interleaved value layout that the P.V product reads.
+
+constexpr int64_t kValueDim = 512;  // V is the first 512 dims of every row (both layouts)
+constexpr int64_t kMaxQkDim = kV32NopeDim + kV32RopeDim;
+
+enum class RowFormat { model1, v32, bf16 };
+
+// One attended row: a cache entry (page, offset, entries per page) or, for bf16 rows, the row itself.
+struct AttendedRow {
+  const uint8_t* page;
+  int64_t offset;
+  int64_t block_size;
+};
+
+// Row of a paged cache at slot, or false when the slot is -1 or outside the cache.
+inline bool cache_row(const PagedCache& cache, int64_t slot, AttendedRow* row) {
+  int64_t offset;
+  const uint8_t* page = slot_page(cache, slot, &offset);
+  *row = {page, offset, cache.block_size};
+  return page != nullptr;
+}
+
+inline void stage_row_scalar(RowFormat format, const AttendedRow& row, int64_t d_qk, uint16_t* dst) {
+  float values[kMaxQkDim];
+  if (format == RowFormat::bf16) {
+    std::memcpy(dst, row.page, d_qk * sizeof(uint16_t));
+    return;
+  }
+  if (format == RowFormat::model1) model1_load(row.page, row.block_size, row.offset, values);
+  else v32_load(row.page, row.offset, values);
+  for (int64_t i = 0; i < d_qk; ++i) dst[i] = f32_to_bf16(values[i]);
+}
+
+#if defined(__AVX512BF16__)
+constexpr float kE4m3BitsScale = 0x1p120f;  // the code bits moved into an fp32 (below) are 2^-120 of the value
+constexpr float kFoldLimit = 0x1p7f;  // scales below this fold into kE4m3BitsScale without overflow
+constexpr uint32_t kE4m3MagnitudeBits = 0x07f00000u, kE4m3SignAndMagnitudeBits = 0x87f00000u;
+constexpr int kE4m3ShiftToFp32 = 20;
+
+// 16 e4m3 codes as fp32 whose exponent and mantissa fields hold the code's (exact for subnormal codes too,
+// after x 2^120); *nan marks the NaN codes (magnitude 0x7f).
+inline __m512 e4m3x16_bits(const uint8_t* codes, __mmask16* nan) {
+  const __m512i c = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
+  const __m512i bits = _mm512_and_si512(_mm512_slli_epi32(c, kE4m3ShiftToFp32), _mm512_set1_epi32(int(kE4m3SignAndMagnitudeBits)));
+  const __m512i magnitude = _mm512_set1_epi32(int(kE4m3MagnitudeBits));
+  *nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(bits, magnitude), magnitude);
+  return _mm512_castsi512_ps(bits);
+}
+
+// dst[i] = bf16(e4m3(codes[i]) * scale) for n codes (a multiple of 32), rounded once in fp32 like the scalar path.
+template <bool kFolded>
+inline void stage_e4m3_run(const uint8_t* codes, int64_t n, __m512 m1, __m512 m2, uint16_t* dst) {
+  const __m512 nan = _mm512_set1_ps(NAN);
+  for (int64_t i = 0; i < n; i += 32) {
+    __mmask16 nan0, nan1;
+    __m512 y0 = _mm512_mul_ps(e4m3x16_bits(codes + i, &nan0), m1);
+    __m512 y1 = _mm512_mul_ps(e4m3x16_bits(codes + i + 16, &nan1), m1);
+    if (!kFolded) y0 = _mm512_mul_ps(y0, m2), y1 = _mm512_mul_ps(y1, m2);
+    y0 = _mm512_mask_mov_ps(y0, nan0, nan);
+    y1 = _mm512_mask_mov_ps(y1, nan1, nan);
+    _mm512_storeu_si512(dst + i, (__m512i)_mm512_cvtne2ps_pbh(y1, y0));
+  }
+}
+
+inline void stage_e4m3_tile(const uint8_t* codes, int64_t n, float scale, uint16_t* dst) {
+  if (!(std::fabs(scale) >= kFoldLimit))  // NaN folds too: it stays NaN either way
+    stage_e4m3_run<true>(codes, n, _mm512_set1_ps(scale * kE4m3BitsScale), _mm512_set1_ps(1.0f), dst);
+  else
+    stage_e4m3_run<false>(codes, n, _mm512_set1_ps(kE4m3BitsScale), _mm512_set1_ps(scale), dst);
+}
+
+// 2^(b - 127) for a UE8M0 scale byte b (255 is NaN), as model1_load computes it.
+inline float ue8m0_scale(uint8_t b) {
+  constexpr uint8_t kNanByte = 255;
+  if (b == kNanByte) return NAN;
+  return b == 0 ? 0x1p-127f : bits_f32(uint32_t(b) << 23);  // byte 0 is the denormal 2^-127
+}
+
+__attribute__((noinline)) inline void stage_row(RowFormat format, const AttendedRow& row, int64_t d_qk, uint16_t* dst) {
+  if (format == RowFormat::model1) {
+    const uint8_t* data = row.page + row.offset * kModel1DataBytes;
+    const uint8_t* scales = row.page + row.block_size * kModel1DataBytes + row.offset * kModel1ScaleBytes;
+    for (int64_t t = 0; t < kModel1Tiles; ++t) {
+      stage_e4m3_tile(data + t * kModel1Tile, kModel1Tile, ue8m0_scale(scales[t]), dst + t * kModel1Tile);
+    }
+    std::memcpy(dst + kModel1NopeDim, data + kModel1NopeDim, kModel1RopeDim * sizeof(uint16_t));
+  } else if (format == RowFormat::v32) {
+    const uint8_t* entry = row.page + row.offset * kV32BytesPerToken;
+    float scales[kV32Tiles];
+    std::memcpy(scales, entry + kV32NopeDim, sizeof(scales));
+    for (int64_t t = 0; t < kV32Tiles; ++t) stage_e4m3_tile(entry + t * kV32Tile, kV32Tile, scales[t], dst + t * kV32Tile);
+    std::memcpy(dst + kV32NopeDim, entry + kV32NopeDim + sizeof(scales), kV32RopeDim * sizeof(uint16_t));
+  } else {
+    std::memcpy(dst, row.page, d_qk * sizeof(uint16_t));
+  }
+}
+#else
+__attribute__((noinline)) inline void stage_row(RowFormat format, const AttendedRow& row, int64_t d_qk, uint16_t* dst) {
+  stage_row_scalar(format, row, d_qk, dst);
+}
+#endif
+
+// values[e][d][j] = keys[2e + j][d] for d < 512: the bf16 pairs (rows 2e, 2e+1) that one P.V step consumes.
+__attribute__((noinline)) inline void interleave_value_pairs(const uint16_t* keys, int64_t key_stride, int64_t rows, uint16_t* values) {
+#if defined(__AVX512BF16__)
+  static const InterleaveIndex index;
+#endif
+  for (int64_t e = 0; e < rows / 2; ++e) {
+    const uint16_t* a = keys + 2 * e * key_stride;
+    const uint16_t* b = a + key_stride;
+    uint16_t* dst = values + e * 2 * kValueDim;
+#if defined(__AVX512BF16__)
+    for (int64_t d = 0; d < kValueDim; d += 32) {
+      const __m512i va = _mm512_loadu_si512(a + d), vb = _mm512_loadu_si512(b + d);
+      _mm512_storeu_si512(dst + 2 * d, _mm512_permutex2var_epi16(va, index.lo, vb));
+      _mm512_storeu_si512(dst + 2 * d + 32, _mm512_permutex2var_epi16(va, index.hi, vb));
+    }
+#else
+    for (int64_t d = 0; d < kValueDim; ++d) dst[2 * d] = a[d], dst[2 * d + 1] = b[d];
+#endif
+  }
+}
