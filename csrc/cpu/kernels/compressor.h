@@ -49,7 +49,15 @@ inline void compress_norm_rope_store(const CompressNormRopeStoreParams& p) {
       for (int64_t r = 0; r < num_rows; ++r) {
         const float* kv = kv_rows[r];
         const float* score = kv + width;
-        for (int64_t d = 0; d < dim; ++d) {
+        int64_t d = 0;
+#if defined(__AVX512F__)
+        for (; d + 16 <= dim; d += 16) {
+          const __m512 weight = exp16(_mm512_sub_ps(_mm512_loadu_ps(score + d), _mm512_loadu_ps(run_max + d)));
+          _mm512_storeu_ps(acc + d, _mm512_add_ps(_mm512_loadu_ps(acc + d), _mm512_mul_ps(weight, _mm512_loadu_ps(kv + d))));
+          _mm512_storeu_ps(denom + d, _mm512_add_ps(_mm512_loadu_ps(denom + d), weight));
+        }
+#endif
+        for (; d < dim; ++d) {
           const float weight = std::exp(score[d] - run_max[d]);
           acc[d] += weight * kv[d];
           denom[d] += weight;

@@ -183,6 +183,21 @@ inline __m128i e4m3_encode16(__m512 x) {
 }
 #endif
 
+#if defined(__AVX512F__)
+// 16 lanes of exp(x) for finite x (about 1 ulp): x = n ln2 + r, |r| <= ln2 / 2, degree-7 Taylor in r.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);  // Cody-Waite split of ln 2
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  static const float taylor[] = {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f};
+  __m512 poly = _mm512_set1_ps(1.0f / 5040.0f);
+  for (float c : taylor) poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(c));
+  return _mm512_scalef_ps(poly, n);
+}
+#endif
+
 // out[i] = e4m3(x[i] * mult) for i < n.
 inline void encode_e4m3_scaled(const float* x, float mult, int64_t n, uint8_t* out) {
   int64_t i = 0;

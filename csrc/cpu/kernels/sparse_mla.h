@@ -11,6 +11,7 @@ constexpr int64_t kChunkRows = 128;  // attended rows staged per step (a multipl
 constexpr int64_t kMinSplitColumns = 64;  // a split of fewer columns costs more to merge than it saves
 constexpr int64_t kQueriesPerThreadUnsplit = 4;  // from this many queries per thread on, whole queries balance well
 constexpr int64_t kBufferAlign = 64;
+constexpr int64_t kPrefetchRows = 8;  // rows fetched ahead of staging: about one DRAM latency of staging work
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -76,10 +77,14 @@ inline void attend_columns(const Problem& pb, int64_t t, int64_t c0, int64_t c1,
   reset(s, hp);
   const int64_t count = pb.gather(t, c0, c1, b.rows);
   if (count == 0) return;
+  for (int64_t i = 0; i < kPrefetchRows && i < count; ++i) prefetch_row(pb.format, b.rows[i], pb.d_qk);
   pack_query(pb.query(t), pb.q_stride_h, pb.heads, hp, pb.d_qk, b.qpack);
   for (int64_t r0 = 0; r0 < count; r0 += kChunkRows) {
     const int64_t n = count - r0 < kChunkRows ? count - r0 : kChunkRows, rows = round_up(n, kRowBlock);
-    for (int64_t i = 0; i < n; ++i) stage_row(pb.format, b.rows[r0 + i], pb.d_qk, b.keys + i * pb.d_qk);
+    for (int64_t i = 0; i < n; ++i) {
+      if (r0 + i + kPrefetchRows < count) prefetch_row(pb.format, b.rows[r0 + i + kPrefetchRows], pb.d_qk);
+      stage_row(pb.format, b.rows[r0 + i], pb.d_qk, b.keys + i * pb.d_qk);
+    }
     std::memset(b.keys + n * pb.d_qk, 0, (rows - n) * pb.d_qk * sizeof(uint16_t));
     interleave_value_pairs(b.keys, pb.d_qk, rows, b.values);
     scores(b.keys, pb.d_qk, rows, b.qpack, hp, b.scores);

@@ -186,6 +186,64 @@ __attribute__((noinline)) inline void accumulate_values(const uint16_t* probs, i
   }
 }
 
+#elif defined(__AVX2__)
+// No bf16 dot product: each 32-bit lane holding a bf16 pair is split into two fp32 values (even: the low
+// half moved up, odd: the high half kept), then two FMAs.
+constexpr int64_t kPairRows = 4;  // register block: 4 rows (or heads) x 16 lanes
+
+inline __m256 even_bf16(__m256i pairs) { return _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)); }
+inline __m256 odd_bf16(__m256i pairs) {
+  return _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(int(0xffff0000u))));
+}
+
+// acc[r][j] += pair r (broadcast) . b[j], for b[j] 8 lanes of bf16 pairs.
+inline void fma_pairs(__m256 acc[kPairRows][2], const uint16_t* const* a, int64_t offset, const __m256i b[2]) {
+  const __m256 b_even[2] = {even_bf16(b[0]), even_bf16(b[1])}, b_odd[2] = {odd_bf16(b[0]), odd_bf16(b[1])};
+  for (int64_t r = 0; r < kPairRows; ++r) {
+    const __m256i pair = _mm256_set1_epi32(load_pair(a[r] + offset));
+    const __m256 a_even = even_bf16(pair), a_odd = odd_bf16(pair);
+    for (int64_t j = 0; j < 2; ++j) acc[r][j] = _mm256_fmadd_ps(a_odd, b_odd[j], _mm256_fmadd_ps(a_even, b_even[j], acc[r][j]));
+  }
+}
+
+inline void scores(const uint16_t* keys, int64_t d_qk, int64_t rows, const uint16_t* qpack, int64_t hp, float* out) {
+  for (int64_t g = 0; g < hp / kHeadBlock; ++g)
+    for (int64_t i = 0; i < rows; i += kPairRows) {
+      __m256 acc[kPairRows][2] = {};
+      const uint16_t* a[kPairRows];
+      for (int64_t r = 0; r < kPairRows; ++r) a[r] = keys + (i + r) * d_qk;
+      for (int64_t k = 0; k < d_qk / kDimBlock; ++k) {
+        const uint16_t* tile = qpack + query_tile(d_qk, g, k);
+        for (int64_t pair = 0; pair < kDimBlock / 2; ++pair) {
+          const __m256i* qrow = reinterpret_cast<const __m256i*>(tile + pair * kDimBlock);
+          const __m256i b[2] = {_mm256_loadu_si256(qrow), _mm256_loadu_si256(qrow + 1)};
+          fma_pairs(acc, a, k * kDimBlock + 2 * pair, b);
+        }
+      }
+      for (int64_t r = 0; r < kPairRows; ++r)
+        for (int64_t j = 0; j < 2; ++j) _mm256_storeu_ps(out + (i + r) * hp + g * kHeadBlock + 8 * j, acc[r][j]);
+    }
+}
+
+inline void accumulate_values(const uint16_t* probs, int64_t rows, const uint16_t* values, int64_t hp, float* acc) {
+  for (int64_t d = 0; d < kValueDim; d += 16)
+    for (int64_t h = 0; h < hp; h += kPairRows) {
+      __m256 c[kPairRows][2];
+      const uint16_t* a[kPairRows];
+      for (int64_t r = 0; r < kPairRows; ++r) {
+        a[r] = probs + (h + r) * rows;
+        for (int64_t j = 0; j < 2; ++j) c[r][j] = _mm256_loadu_ps(acc + (h + r) * kValueDim + d + 8 * j);
+      }
+      for (int64_t e = 0; e < rows / 2; ++e) {
+        const __m256i* v = reinterpret_cast<const __m256i*>(values + e * kValuePairStride + 2 * d);
+        const __m256i b[2] = {_mm256_loadu_si256(v), _mm256_loadu_si256(v + 1)};
+        fma_pairs(c, a, 2 * e, b);
+      }
+      for (int64_t r = 0; r < kPairRows; ++r)
+        for (int64_t j = 0; j < 2; ++j) _mm256_storeu_ps(acc + (h + r) * kValueDim + d + 8 * j, c[r][j]);
+    }
+}
+
 #else
 // fp32 products of bf16 pairs; the head / dim loops are innermost so the compiler vectorizes them.
 __attribute__((noinline)) inline void scores(const uint16_t* keys, int64_t d_qk, int64_t rows, const uint16_t* qpack, int64_t hp, float* out) {

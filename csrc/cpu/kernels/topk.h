@@ -174,14 +174,14 @@ inline void topk_admit(TopkCandidates& c, uint32_t key, uint32_t index, int64_t 
 }
 
 #if defined(__AVX512F__)
-// Admits the lanes of 16 scores (indices index, index + 1, ...) whose keys reach the floor.
-inline void topk_admit16(TopkCandidates& c, __m512 x, uint32_t index, int64_t k, uint32_t* work) {
-  const __m512i key = topk_key16(x);
-  __mmask16 keep = _mm512_cmpge_epu32_mask(key, _mm512_set1_epi32(int32_t(c.floor)));
+// Admits the lanes of 16 scores (indices index, index + 1, ...) in keep, a superset of those whose keys
+// reach the floor: an extra candidate is harmless, a missing one is not.
+inline void topk_admit16(TopkCandidates& c, __m512 x, __mmask16 keep, uint32_t index, int64_t k, uint32_t* work) {
   if (!keep) return;
+  const __m512i key = topk_key16(x);
   if (c.count > c.capacity - kTopkBlock) {
     topk_trim(c, k, work);
-    keep = _mm512_cmpge_epu32_mask(key, _mm512_set1_epi32(int32_t(c.floor)));
+    keep &= _mm512_cmpge_epu32_mask(key, _mm512_set1_epi32(int32_t(c.floor)));
   }
   const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i indices = _mm512_add_epi32(lanes, _mm512_set1_epi32(int32_t(index)));
@@ -203,8 +203,8 @@ inline void topk_admit8(TopkCandidates& c, __m256 x, uint32_t index, int64_t k, 
 inline float topk_key_value(uint32_t key) { return bits_f32(key & 0x80000000u ? key ^ 0x80000000u : ~key); }
 
 // Admits x[i] (index base + i) for i < n; a candidate of the top k is never lost. While the floor admits
-// numbers only, a float compare with its value skips blocks cheaply; it can pass more lanes than the
-// keys would (with denormals flushed) but never fewer, and the keys decide.
+// numbers only, a float compare with its value selects the lanes: the same ones as the keys would, or
+// more when denormals are flushed to zero.
 inline void topk_collect(TopkCandidates& c, const float* x, int64_t n, uint32_t base, int64_t k, uint32_t* work) {
   int64_t i = 0;
   bool numeric = c.floor > kTopkNegInfKey;
@@ -212,10 +212,19 @@ inline void topk_collect(TopkCandidates& c, const float* x, int64_t n, uint32_t 
 #if defined(__AVX512F__)
   for (; i + 2 * kTopkBlock <= n; i += 2 * kTopkBlock) {
     const __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + kTopkBlock);
-    const __m512 v = _mm512_set1_ps(value);
-    if (numeric && !(_mm512_cmp_ps_mask(a, v, _CMP_GE_OQ) | _mm512_cmp_ps_mask(b, v, _CMP_GE_OQ))) continue;
-    topk_admit16(c, a, base + uint32_t(i), k, work);
-    topk_admit16(c, b, base + uint32_t(i + kTopkBlock), k, work);
+    __mmask16 keep_a, keep_b;
+    if (numeric) {
+      const __m512 v = _mm512_set1_ps(value);
+      keep_a = _mm512_cmp_ps_mask(a, v, _CMP_GE_OQ);
+      keep_b = _mm512_cmp_ps_mask(b, v, _CMP_GE_OQ);
+      if (!(keep_a | keep_b)) continue;
+    } else {
+      const __m512i floor = _mm512_set1_epi32(int32_t(c.floor));
+      keep_a = _mm512_cmpge_epu32_mask(topk_key16(a), floor);
+      keep_b = _mm512_cmpge_epu32_mask(topk_key16(b), floor);
+    }
+    topk_admit16(c, a, keep_a, base + uint32_t(i), k, work);  // keep_b may now pass more than needed: harmless
+    topk_admit16(c, b, keep_b, base + uint32_t(i + kTopkBlock), k, work);
     numeric = c.floor > kTopkNegInfKey;
     value = topk_key_value(c.floor);
   }
@@ -274,7 +283,17 @@ inline const uint32_t* topk_sort_desc(uint32_t* keys, uint32_t* idx, int64_t n, 
       pos[d] = sum;
       sum += count[b][d];
     }
-    for (int64_t i = 0; i < n; ++i) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {  // four positions per round of bucket loads: equal digits do not chain
+      const uint32_t d0 = (src_k[i] >> shift) & kMask, d1 = (src_k[i + 1] >> shift) & kMask;
+      const uint32_t d2 = (src_k[i + 2] >> shift) & kMask, d3 = (src_k[i + 3] >> shift) & kMask;
+      const uint32_t a0 = pos[d0], a1 = pos[d1] + (d1 == d0), a2 = pos[d2] + (d2 == d0) + (d2 == d1);
+      const uint32_t a3 = pos[d3] + (d3 == d0) + (d3 == d1) + (d3 == d2);
+      pos[d0] = a0 + 1, pos[d1] = a1 + 1, pos[d2] = a2 + 1, pos[d3] = a3 + 1;
+      dst_k[a0] = src_k[i], dst_k[a1] = src_k[i + 1], dst_k[a2] = src_k[i + 2], dst_k[a3] = src_k[i + 3];
+      dst_i[a0] = src_i[i], dst_i[a1] = src_i[i + 1], dst_i[a2] = src_i[i + 2], dst_i[a3] = src_i[i + 3];
+    }
+    for (; i < n; ++i) {
       const uint32_t at = pos[(src_k[i] >> shift) & kMask]++;
       dst_k[at] = src_k[i];
       dst_i[at] = src_i[i];
