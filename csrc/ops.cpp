@@ -34,6 +34,9 @@ STABLE_TORCH_LIBRARY(dsv4, m) {
         "bool clean_logits) -> Tensor");
   m.def("topk_transform(Tensor scores, Tensor lengths, Tensor? row_starts, Tensor? page_table, int page_size, "
         "Tensor(a!) raw_indices, Tensor(b!)? slot_indices) -> ()");
+  // Fused paged logits + top-k per row, without materialising the [rows, context] logits.
+  m.def("fp8_paged_mqa_topk(Tensor q, Tensor kv_cache, Tensor weights, Tensor lengths, Tensor block_table, "
+        "Tensor row_requests, int block_size, Tensor(a!) topk_indices) -> ()");
   // ---- sparse MLA attention ----
   m.def("sparse_mla_decode(Tensor q, Tensor kv_cache, Tensor indices, Tensor? topk_length, Tensor? attn_sink, "
         "Tensor? extra_kv_cache, Tensor? extra_indices, Tensor? extra_topk_length, int block_size, "

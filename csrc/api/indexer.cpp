@@ -100,11 +100,49 @@ Tensor fp8_mqa_logits(Tensor q, Tensor k, Tensor k_scale, Tensor weights, Tensor
   return out;
 }
 
+void fp8_paged_mqa_topk(Tensor q, Tensor kv_cache, Tensor weights, Tensor lengths, Tensor block_table,
+                        Tensor row_requests, int64_t block_size, Tensor topk_indices) {
+  const char* op = "fp8_paged_mqa_topk";
+  check_same_device(op, q, {{"kv_cache", &kv_cache}, {"weights", &weights}, {"lengths", &lengths},
+                            {"block_table", &block_table}, {"row_requests", &row_requests},
+                            {"topk_indices", &topk_indices}});
+  check_dtype({op, "q"}, q, {ScalarType::Float8_e4m3fn});
+  check_dim({op, "q"}, q, 3);
+  check_size({op, "q"}, q, 2, kPagedHeadDim);
+  check_heads(op, q, 1);
+  PagedMqaTopkParams p;
+  p.rows = q.size(0), p.num_heads = q.size(1), p.head_dim = kPagedHeadDim;
+  p.cache = paged_cache({op, "kv_cache"}, kv_cache, block_size, kIndexerBytesPerEntry);
+  check_weights(op, weights, p.rows, p.num_heads);
+  p.lengths = index_view({op, "lengths"}, lengths, 1);
+  check_size({op, "lengths"}, lengths, 0, p.rows);
+  p.block_table = index_view({op, "block_table"}, block_table, 2);
+  p.row_requests = index_view({op, "row_requests"}, row_requests, 1);
+  check_size({op, "row_requests"}, row_requests, 0, p.rows);
+  p.num_requests = block_table.size(0), p.max_blocks = block_table.size(1);
+  check_values_in_range({op, "row_requests"}, p.row_requests, p.rows, p.num_requests);
+  check_dtype({op, "topk_indices"}, topk_indices, {ScalarType::Int});
+  check_dim({op, "topk_indices"}, topk_indices, 2);
+  check_size({op, "topk_indices"}, topk_indices, 0, p.rows);
+  check_last_dim_contiguous({op, "topk_indices"}, topk_indices);
+  p.k = topk_indices.size(1);
+  DSV4_CHECK(p.k == 512 || p.k == 1024 || p.k == 2048, op, "argument 'topk_indices' must have 512, 1024 or 2048 columns (k), got ",
+             p.k);
+  const Tensor q_rows = torch::stable::contiguous(q);
+  p.q = static_cast<const uint8_t*>(q_rows.const_data_ptr());
+  p.weights = static_cast<const float*>(weights.const_data_ptr());
+  p.w_stride = weights.stride(0);
+  p.out = static_cast<int32_t*>(topk_indices.data_ptr());
+  p.out_stride = topk_indices.stride(0);
+  cpu::kernels().fp8_paged_mqa_topk(p);
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(dsv4, CPU, m) {
   m.impl("fp8_paged_mqa_logits", TORCH_BOX(&fp8_paged_mqa_logits));
   m.impl("fp8_mqa_logits", TORCH_BOX(&fp8_mqa_logits));
+  m.impl("fp8_paged_mqa_topk", TORCH_BOX(&fp8_paged_mqa_topk));
 }
 
 }  // namespace dsv4::api

@@ -192,6 +192,21 @@ struct TopkTransformParams {
   int64_t threads = 1;  // intra-op threads: a long row is split into about this many pieces
 };
 
+struct PagedMqaTopkParams {
+  const uint8_t* q = nullptr;  // e4m3, contiguous [rows, num_heads, head_dim]
+  int64_t rows = 0, num_heads = 0, head_dim = 0;
+  const float* weights = nullptr;  // [rows, num_heads], row stride w_stride
+  int64_t w_stride = 0;
+  IndexView lengths;  // [rows]
+  IndexView row_requests;  // [rows]: the block-table row of each query row
+  IndexView block_table;  // [num_requests, max_blocks]
+  int64_t num_requests = 0, max_blocks = 0;
+  PagedCache cache;  // indexer K pages
+  int64_t k = 0;
+  int32_t* out = nullptr;  // [rows, k], row stride out_stride
+  int64_t out_stride = 0;
+};
+
 // ---- sparse MLA attention ----
 
 // One set of attended entries per query: slot ids into a paged fp8 cache.

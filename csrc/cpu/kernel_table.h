@@ -22,6 +22,7 @@ struct CpuKernels {
   void (*fp8_paged_mqa_logits)(const PagedMqaLogitsParams&);
   void (*fp8_mqa_logits)(const MqaLogitsParams&);
   void (*topk_transform)(const TopkTransformParams&);
+  void (*fp8_paged_mqa_topk)(const PagedMqaTopkParams&);
   void (*sparse_mla_decode)(const SparseMlaDecodeParams&);
   void (*sparse_mla_prefill)(const SparseMlaPrefillParams&);
 };

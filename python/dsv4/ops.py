@@ -264,6 +264,32 @@ def topk_transform(
     return raw, slots
 
 
+def fp8_paged_mqa_topk(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    weights: torch.Tensor,
+    lengths: torch.Tensor,
+    block_table: torch.Tensor,
+    row_requests: torch.Tensor,
+    block_size: int,
+    k: int = 512,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Fused indexer for prefill: per-row top-k of the paged MQA logits, never materialising them.
+
+    q float8_e4m3fn ``[T, H, 128]``; weights fp32 ``[T, H]``; row t scores entries ``[0, lengths[t])``
+    of the indexer K cache through ``block_table[row_requests[t]]``. Returns int32 ``[T, k]``, exactly
+    ``topk_transform(fp8_paged_mqa_logits(...), lengths, k)[0]``: rows with length <= k give
+    ``0..L-1`` then -1; longer rows the k best by score, ties by lower index. Extra memory is
+    O(threads x rows-per-block x longest row), not O(T x context).
+    """
+    if out is None:
+        out = torch.empty(q.shape[0], k, dtype=torch.int32, device=q.device)
+    _ops.fp8_paged_mqa_topk(q, kv_cache, weights, lengths, block_table, row_requests, block_size, out)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Sparse MLA attention
 # ---------------------------------------------------------------------------------------------
@@ -348,7 +374,7 @@ def _fake(op: str):
 def _register_fakes() -> None:
     for name in ("qnorm_rope_kv_insert", "indexer_q_rope_quant", "save_partial_states", "compress_norm_rope_store",
                  "compress_norm_rope_store_indexer", "quantize_kv_insert", "indexer_k_quant_insert", "inverse_rope",
-                 "topk_transform"):
+                 "topk_transform", "fp8_paged_mqa_topk"):
         _fake(name)(lambda *args, **kwargs: None)
 
     @_fake("dequantize_kv_gather")

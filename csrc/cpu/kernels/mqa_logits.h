@@ -196,6 +196,25 @@ struct TileScope {
 #endif
 };
 
+// Decodes the keys of positions [t0, t1) of request `request` that have a page in the cache; returns how
+// many, with their scales and positions (ascending). Missing pages are skipped: their logits stay -inf.
+inline int64_t gather_paged_keys(const PagedCache& cache, const IndexView& table, int64_t request, int64_t max_blocks,
+                                 int64_t dim, int64_t t0, int64_t t1, KeyBuffer& keys, float* scales,
+                                 int64_t* positions) {
+  int64_t count = 0;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t page_index = t / cache.block_size;
+    const int64_t block = page_index < max_blocks ? index_at(table, request, page_index) : -1;
+    if (block < 0 || block >= cache.num_blocks) continue;
+    const uint8_t* page = cache.base + block * cache.block_stride;
+    const int64_t off = t % cache.block_size;
+    decode_e4m3_row_bf16(page + off * dim, dim, keys.rows + count * dim);
+    std::memcpy(&scales[count], page + cache.block_size * dim + 4 * off, 4);
+    positions[count++] = t;
+  }
+  return count;
+}
+
 inline void fill_neg_inf(float* out, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) out[i] = -INFINITY;
 }
@@ -210,7 +229,6 @@ inline void fp8_paged_mqa_logits(const PagedMqaLogitsParams& p) {
   // Tasks: (request, run of kLogitsTaskKeys positions); all next_n rows of a request share the keys.
   const int64_t runs_needed = (p.max_context_len + kLogitsTaskKeys - 1) / kLogitsTaskKeys;
   const int64_t runs = runs_needed > 0 ? runs_needed : 1;
-  const int64_t entry_bytes = p.head_dim;
   parallel(p.batch * runs, 1, [&](int64_t begin, int64_t end) {
     // A thread's tasks are consecutive, so a request's prepared query rows are reused across its runs.
     LogitsQuery* queries = new LogitsQuery[p.next_n];
@@ -233,19 +251,9 @@ inline void fp8_paged_mqa_logits(const PagedMqaLogitsParams& p) {
         const int64_t len = paged_row_length(p, b, j);
         longest = len > longest ? len : longest;
       }
-      // Gather the present keys of [t0, min(t1, longest)) once for all rows of the request.
-      int64_t count = 0;
-      const int64_t last = t1 < longest ? t1 : longest;
-      for (int64_t t = t0; t < last; ++t) {
-        const int64_t page_index = t / p.cache.block_size;
-        const int64_t block = page_index < p.max_blocks ? index_at(p.block_table, b, page_index) : -1;
-        if (block < 0 || block >= p.cache.num_blocks) continue;  // missing page: the logit stays -inf
-        const uint8_t* page = p.cache.base + block * p.cache.block_stride;
-        const int64_t off = t % p.cache.block_size;
-        decode_e4m3_row_bf16(page + off * entry_bytes, p.head_dim, keys.rows + count * p.head_dim);
-        std::memcpy(&scales[count], page + p.cache.block_size * entry_bytes + 4 * off, 4);
-        positions[count++] = t;
-      }
+      // The present keys of [t0, min(t1, longest)), decoded once for all rows of the request.
+      const int64_t count = gather_paged_keys(p.cache, p.block_table, b, p.max_blocks, p.head_dim, t0,
+                                              t1 < longest ? t1 : longest, keys, scales, positions);
       for (int64_t j = 0; j < p.next_n; ++j) {
         const int64_t row = b * p.next_n + j;
         float* out = p.out + row * p.out_stride;

@@ -58,10 +58,59 @@ def ragged_case(rows: int, keys: int) -> Case:
     )
 
 
+def peak_extra_mib(fn) -> float:
+    """Peak resident memory fn() adds on top of what the process holds now (Linux; 0 elsewhere)."""
+    def status_kib(field: str) -> int:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith(field))
+
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")  # resets the VmHWM high-water mark
+        before = status_kib("VmRSS:")
+        fn()
+        return (status_kib("VmHWM:") - before) / 1024
+    except OSError:
+        return 0.0
+
+
+def prefill_topk_cases(tokens: int, raw_context: int) -> list[Case]:
+    """Causal prefill of the last `tokens` of a `raw_context` request: fused vs logits-then-top-k."""
+    entries = raw_context // RATIO
+    pages = (entries + BLOCK - 1) // BLOCK
+    kv = cache.allocate_indexer_k_cache(pages, BLOCK)
+    kv.view(-1)[:] = torch.randint(0, 120, (kv.numel(),), dtype=torch.uint8)
+    kv[:, BLOCK * DIM : BLOCK * (DIM + 4)].view(torch.float32).copy_(torch.full((pages, BLOCK), 0.125))
+    q = _fp8(tokens, HEADS, DIM)
+    weights = torch.randn(tokens, HEADS)
+    positions = torch.arange(raw_context - tokens, raw_context)
+    lengths = ((positions + 1) // RATIO).int()
+    table = torch.randperm(pages, dtype=torch.int32).view(1, pages)
+    rows = torch.zeros(tokens, dtype=torch.int32)
+    flops = 2 * int(lengths.long().sum()) * HEADS * DIM
+
+    def fused():
+        ops.fp8_paged_mqa_topk(q, kv, weights, lengths, table, rows, BLOCK, 512)
+
+    def unfused():
+        logits = ops.fp8_paged_mqa_logits(q.unsqueeze(1), kv, weights, lengths, table.expand(tokens, -1), BLOCK,
+                                          int(lengths.max()))
+        ops.topk_transform(logits, lengths, 512)
+
+    label = f"T={tokens} ctx={raw_context // 1024}K"
+    return [
+        Case("fp8_paged_mqa_topk (fused)", f"{label} +{peak_extra_mib(fused):.0f}MiB", bytes_moved=pages * 8640,
+             flops=flops, run=lambda m: fused(), reference=None, on_peer=False),
+        Case("paged logits + topk (unfused)", f"{label} +{peak_extra_mib(unfused):.0f}MiB", bytes_moved=pages * 8640,
+             flops=flops, run=lambda m: unfused(), reference=None, on_peer=False),
+    ]
+
+
 def cases(quick: bool = False) -> list[Case]:
     shapes = [(1, 4096), (4, 65536)] if quick else [(1, 4096), (1, 131072), (4, 65536), (32, 16384)]
     out = [paged_case(batch, ctx) for batch, ctx in shapes]
     out.append(ragged_case(512 if quick else 4096, 1024 if quick else 4096))
+    out += prefill_topk_cases(*((512, 16384) if quick else (8192, 131072)))
     if importlib.util.find_spec(f"{__package__}.topk") is not None:
         out += importlib.import_module(f"{__package__}.topk").topk_cases(quick)
     return out

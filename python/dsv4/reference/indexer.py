@@ -186,6 +186,25 @@ def topk_transform(
     return raw.to(torch.int32), slots
 
 
+def fp8_paged_mqa_topk(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    weights: torch.Tensor,
+    lengths: torch.Tensor,
+    block_table: torch.Tensor,
+    row_requests: torch.Tensor,
+    block_size: int,
+    k: int,
+) -> torch.Tensor:
+    """int32 ``[T, k]``: the top-k of each row's paged logits, exactly ``topk_transform`` of
+    ``fp8_paged_mqa_logits`` where row t (q ``[T, H, 128]``) sees ``lengths[t]`` entries through
+    ``block_table[row_requests[t]]``."""
+    tables = block_table[row_requests.long()]
+    width = int(lengths.max().clamp(min=0)) if lengths.numel() else 0
+    logits = fp8_paged_mqa_logits(q.unsqueeze(1), kv_cache, weights, lengths, tables, block_size, width)
+    return topk_transform(logits, lengths, k)[0]
+
+
 # ---- schema adapters (CPU kernels for now): check, compute, return fresh tensors or write in place ----
 
 
