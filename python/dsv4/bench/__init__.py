@@ -107,7 +107,7 @@ def report(info: dict, results: list[Result], as_json: bool) -> str:
     return "\n".join(lines)
 
 
-GROUPS = ("writers", "indexer", "attention")
+GROUPS = ("writers", "indexer", "attention", "layer")
 
 
 def run(groups: list[str], quick: bool = False, with_reference: bool = True) -> tuple[dict, list[Result]]:

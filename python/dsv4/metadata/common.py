@@ -72,6 +72,7 @@ class CommonAttentionMetadata:
     slot_mapping: torch.Tensor  # [T_padded] int64, this group's per-token slots (-1 = padding)
     positions: torch.Tensor | None = None  # [T] int64
     is_prefilling: torch.Tensor | None = None  # [B] bool, requests still in their prompt
+    token_request_ids: torch.Tensor | None = None  # [T] int64, filled on first use and shared by for_group views
 
     @property
     def query_lens_cpu(self) -> torch.Tensor:
@@ -83,8 +84,10 @@ class CommonAttentionMetadata:
 
     def token_requests(self) -> torch.Tensor:
         """int64 ``[T]`` request index of every actual token."""
-        reqs = torch.repeat_interleave(torch.arange(self.num_reqs), self.query_lens_cpu.long())
-        return reqs.to(self.seq_lens.device)
+        if self.token_request_ids is None:
+            reqs = torch.repeat_interleave(torch.arange(self.num_reqs), self.query_lens_cpu.long())
+            self.token_request_ids = reqs.to(self.seq_lens.device)
+        return self.token_request_ids
 
     def token_to_req_indices(self, out: torch.Tensor) -> torch.Tensor:
         """:meth:`token_requests` written into ``out`` (a persistent buffer); returns the view."""

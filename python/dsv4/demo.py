@@ -1,0 +1,178 @@
+"""``python -m dsv4 demo``: DeepSeek-V4-Flash-shaped attention layers serving a batch of requests.
+
+The first layers of V4-Flash (two sliding-window-only, then C4A and C128A) run on a residual stream
+(``h += layer(rms_norm(h))``): a chunked prefill of every prompt under a per-step token budget, then
+decode steps of one token per request (each new token's input is the normalised last hidden state, an
+autoregressive loop without a language-model head). Prints tokens/s per phase and the time of every
+op, then checks the last decode step of every layer against the dense float reference.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+import dsv4
+
+from .cache_manager import ScheduledBatch
+from .config import get_config
+from .constants import MODEL1_NOPE_DIM, MODEL1_ROPE_DIM
+from .layer import rms_norm
+from .metadata import layer_types
+from .reference.layer import MAX_RELATIVE_ERROR, MIN_COSINE, agreement, dense_attention
+from .stack import AttentionStack
+from .timing import OpTimer
+
+PROGRESS_WIDTH = 30
+MIB = 1 << 20
+
+
+@dataclass
+class Request:
+    """A request's per-layer inputs so far (for the reference check) and the input of its next token."""
+
+    prompt: torch.Tensor  # [prompt_len, hidden] bf16 token embeddings
+    computed: int = 0  # tokens whose outputs exist
+    layer_inputs: list[list[torch.Tensor]] = field(default_factory=list)
+    next_input: torch.Tensor | None = None
+
+
+def progress(label: str, done: int, total: int, unit: str, seconds: float, tokens_per_second: float) -> None:
+    """A plain-text bar redrawn in place on a terminal; in a log only the finished bar is written."""
+    if done < total and not sys.stdout.isatty():
+        return
+    filled = PROGRESS_WIDTH * done // max(total, 1)
+    bar = "#" * filled + "." * (PROGRESS_WIDTH - filled)
+    rate = f"{tokens_per_second:8.1f} tokens/s"
+    sys.stdout.write(f"\r{label:8s}[{bar}] {done:5d}/{total} {unit}  {seconds:6.1f} s  {rate}")
+    sys.stdout.flush()
+
+
+def prefill_batches(prompt_lens: list[int], budget: int) -> list[ScheduledBatch]:
+    """First-come first-served chunked prefill: each step takes prompt tokens in order up to the budget."""
+    done = [0] * len(prompt_lens)
+    batches = []
+    while any(d < n for d, n in zip(done, prompt_lens, strict=True)):
+        ids, query_lens, seq_lens, room = [], [], [], budget
+        for request, (finished, length) in enumerate(zip(done, prompt_lens, strict=True)):
+            take = min(length - finished, room)
+            if take > 0:
+                ids.append(request)
+                query_lens.append(take)
+                seq_lens.append(finished + take)
+                done[request] += take
+                room -= take
+        batches.append(ScheduledBatch(tuple(ids), tuple(query_lens), tuple(seq_lens)))
+    return batches
+
+
+def run_step(stack: AttentionStack, batch: ScheduledBatch, requests: list[Request], timer: OpTimer
+             ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One scheduled step through every layer, recording each layer's inputs per request.
+
+    Returns the residual stream ``[T, hidden]`` and every layer's output.
+    """
+    pieces = []
+    for request_id, query_len in zip(batch.request_ids, batch.query_lens, strict=True):
+        request = requests[request_id]
+        if request.computed < request.prompt.shape[0]:
+            pieces.append(request.prompt[request.computed : request.computed + query_len])
+        else:
+            pieces.append(request.next_input[None])
+    hidden = torch.cat(pieces)
+    step = stack.prepare(batch, timer)
+    starts = [0, *torch.tensor(batch.query_lens).cumsum(0).tolist()]
+    outputs = []
+    for index in range(len(stack.layers)):
+        layer_input = rms_norm(hidden, None, stack.config.rms_norm_eps)
+        for request_id, start, end in zip(batch.request_ids, starts[:-1], starts[1:], strict=True):
+            requests[request_id].layer_inputs[index].append(layer_input[start:end])
+        outputs.append(stack.run_layer(index, layer_input, step, timer))
+        hidden = hidden + outputs[-1]
+    for request_id, query_len in zip(batch.request_ids, batch.query_lens, strict=True):
+        requests[request_id].computed += query_len
+    return hidden, outputs
+
+
+def report_ops(prefill: OpTimer, decode: OpTimer) -> None:
+    names = sorted(set(prefill.seconds) | set(decode.seconds), key=lambda n: -(prefill.seconds[n] + decode.seconds[n]))
+    total = sum(prefill.seconds.values()) + sum(decode.seconds.values())
+    print("\nper-op time, all layers of all steps")
+    print(f"  {'op':34s} {'calls':>7s} {'prefill s':>10s} {'decode s':>9s} {'share':>6s}")
+    for name in names:
+        seconds = prefill.seconds[name] + decode.seconds[name]
+        print(f"  {name:34s} {prefill.calls[name] + decode.calls[name]:7d} {prefill.seconds[name]:10.2f} "
+              f"{decode.seconds[name]:9.2f} {100 * seconds / total:5.1f}%")
+
+
+def check_last_step(stack: AttentionStack, requests: list[Request], batch: ScheduledBatch,
+                    outputs: list[torch.Tensor]) -> bool:
+    print(f"\ncheck: the last decode step of every layer vs the dense float reference "
+          f"(cosine >= {MIN_COSINE} per token, relative error <= {MAX_RELATIVE_ERROR:.0%})")
+    passed = True
+    for index, layer in enumerate(stack.layers):
+        expected = torch.cat([dense_attention(layer, torch.cat(requests[r].layer_inputs[index]),
+                                              torch.tensor([seq_len - 1]))
+                              for r, seq_len in zip(batch.request_ids, batch.seq_lens, strict=True)])
+        cosine, error = agreement(outputs[index], expected)
+        ok = cosine >= MIN_COSINE and error <= MAX_RELATIVE_ERROR
+        passed &= ok
+        print(f"  layer {index} {layer.layer_type.value:8s} min cosine {cosine:.5f}  relative error {error:6.2%}  "
+              f"{'PASS' if ok else 'FAIL'}")
+    return passed
+
+
+def run_demo(prompt_lens: list[int], decode_steps: int, num_layers: int, step_tokens: int, preset: str,
+             seed: int) -> bool:
+    torch.manual_seed(seed)
+    config = get_config(preset).first_layers(num_layers)
+    max_model_len = max(prompt_lens) + decode_steps
+    kinds = ", ".join(f"{i}:{t.value}" for i, t in enumerate(layer_types(config.compress_ratios)))
+    print(f"DeepSeek-V4 attention demo: {config.name} (layers {kinds})")
+    print(f"  {config.num_attention_heads} heads x {config.head_dim} ({MODEL1_NOPE_DIM} fp8 + {MODEL1_ROPE_DIM} bf16 "
+          f"rope), hidden "
+          f"{config.hidden_size}, window {config.sliding_window}, indexer {config.index_n_heads} x "
+          f"{config.index_head_dim} top-{config.index_topk}")
+    print(f"  CPU tier {dsv4.cpu_isa()}, {torch.get_num_threads()} threads; ops on the reference: "
+          f"{', '.join(sorted(dsv4.REFERENCE_BACKED_CPU_OPS)) or 'none'}")
+    print(f"  {len(prompt_lens)} requests, prompts {'/'.join(map(str, prompt_lens))} tokens, {decode_steps} decode "
+          f"steps, step budget {step_tokens} tokens")
+    start = time.perf_counter()
+    stack = AttentionStack(config, max_model_len=max_model_len, max_num_reqs=len(prompt_lens),
+                           max_num_batched_tokens=step_tokens, seed=seed)
+    cache_bytes = sum(t.untyped_storage().nbytes() for c in stack.manager.layer_caches
+                      for t in vars(c).values() if isinstance(t, torch.Tensor))
+    weight_bytes = sum(t.nbytes for layer in stack.layers for t in layer.state_dict().values())
+    requests = [Request(torch.randn(n, config.hidden_size).bfloat16(), layer_inputs=[[] for _ in stack.layers])
+                for n in prompt_lens]
+    print(f"  setup {time.perf_counter() - start:.1f} s: weights {weight_bytes / MIB:.0f} MiB, paged caches "
+          f"{cache_bytes / MIB:.0f} MiB\n")
+
+    prefill_timer, decode_timer = OpTimer(), OpTimer()
+    total_prompt, done, start = sum(prompt_lens), 0, time.perf_counter()
+    for batch in prefill_batches(prompt_lens, step_tokens):
+        hidden, _ = run_step(stack, batch, requests, prefill_timer)
+        ends = torch.tensor(batch.query_lens).cumsum(0) - 1
+        for request_id, end, seq_len in zip(batch.request_ids, ends.tolist(), batch.seq_lens, strict=True):
+            if seq_len == prompt_lens[request_id]:
+                requests[request_id].next_input = rms_norm(hidden[end], None, config.rms_norm_eps)
+        done += batch.num_tokens
+        elapsed = time.perf_counter() - start
+        progress("prefill", done, total_prompt, "tokens", elapsed, done / elapsed)
+    print()
+
+    start = time.perf_counter()
+    ids = tuple(range(len(prompt_lens)))
+    for step_index in range(decode_steps):
+        batch = ScheduledBatch(ids, (1,) * len(ids), tuple(r.computed + 1 for r in requests))
+        hidden, layer_outputs = run_step(stack, batch, requests, decode_timer)
+        for request, row in zip(requests, hidden, strict=True):
+            request.next_input = rms_norm(row, None, config.rms_norm_eps)
+        elapsed = time.perf_counter() - start
+        progress("decode", step_index + 1, decode_steps, "steps ", elapsed, (step_index + 1) * len(ids) / elapsed)
+    print()
+    report_ops(prefill_timer, decode_timer)
+    return check_last_step(stack, requests, batch, layer_outputs)
