@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import dsv4
+from dsv4.rope import rope_cos_sin_cache
 
 ALL_ISAS = ("amx", "avx512", "avx2", "generic")
 SUPPORTED_ISAS = tuple(torch.ops.dsv4.supported_cpu_isas().split(","))
@@ -88,9 +89,7 @@ def with_last(t: torch.Tensor, value: int) -> torch.Tensor:
 
 def rope_table(max_pos: int, rope_dim: int = 64, base: float = 10000.0) -> torch.Tensor:
     """fp32 [max_pos, rope_dim]: cos in the first half, sin in the second."""
-    inv_freq = base ** (-torch.arange(0, rope_dim, 2, dtype=torch.float64) / rope_dim)
-    angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq[None, :]
-    return torch.cat([angles.cos(), angles.sin()], dim=1).float()
+    return rope_cos_sin_cache(max_pos, rope_dim, base)
 
 
 def entry_byte_index(cache: torch.Tensor, slots: torch.Tensor, block_size: int, region_start: int,

@@ -24,7 +24,7 @@ constexpr int64_t kMaxCompressHeadDim = 512;
 
 inline void compress_norm_rope_store(const CompressNormRopeStoreParams& p) {
   const int64_t dim = p.head_dim, width = p.coff * p.head_dim;
-  parallel(p.num_tokens, 1, [&](int64_t begin, int64_t end) {
+  parallel(p.num_tokens, 4, [&](int64_t begin, int64_t end) {
     float acc[kMaxCompressHeadDim], denom[kMaxCompressHeadDim], run_max[kMaxCompressHeadDim];
     for (int64_t t = begin; t < end; ++t) {
       const int64_t pos = index_at(p.positions, t);

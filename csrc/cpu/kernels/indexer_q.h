@@ -3,7 +3,7 @@
 
 inline void indexer_q_rope_quant(const IndexerQRopeQuantParams& p) {
   const int64_t esize = dtype_bytes(p.dtype);
-  parallel(p.num_tokens * p.num_heads, 16, [&](int64_t begin, int64_t end) {
+  parallel(p.num_tokens * p.num_heads, 2 * kGrainRows, [&](int64_t begin, int64_t end) {
     float row[kIndexerDim];
     for (int64_t i = begin; i < end; ++i) {
       const int64_t t = i / p.num_heads, h = i % p.num_heads;

@@ -21,7 +21,7 @@ inline void quantize_kv_insert(const QuantizeKvInsertParams& p) {
 
 inline void dequantize_kv_gather(const DequantizeKvGatherParams& p) {
   const int64_t dim = p.layout == KvLayout::model1 ? kModel1NopeDim + kModel1RopeDim : kV32NopeDim + kV32RopeDim;
-  parallel(p.num_slots, 16, [&](int64_t begin, int64_t end) {
+  parallel(p.num_slots, kGrainRows, [&](int64_t begin, int64_t end) {
     float row[kV32NopeDim + kV32RopeDim];
     for (int64_t s = begin; s < end; ++s) {
       int64_t off;
@@ -42,7 +42,7 @@ inline void qnorm_rope_kv_insert(const QNormRopeKvInsertParams& p) {
   constexpr int64_t dim = kModel1NopeDim + kModel1RopeDim;
   const int64_t esize = dtype_bytes(p.dtype);
   // Q: weight-free RMSNorm over 512 dims, RoPE on the last 64; padded heads are zero.
-  parallel(p.num_tokens * p.padded_heads, 16, [&](int64_t begin, int64_t end) {
+  parallel(p.num_tokens * p.padded_heads, kGrainRows, [&](int64_t begin, int64_t end) {
     float row[dim];
     for (int64_t i = begin; i < end; ++i) {
       const int64_t t = i / p.padded_heads, h = i % p.padded_heads;

@@ -222,7 +222,10 @@ inline void rope_rotate(float* x, const RopeTable& rope, int64_t pos, float sign
   }
 }
 
-// Run f(begin, end) over [0, n) on torch's intra-op pool.
+// Rows of ~512 values per parallel chunk at least: waking a second thread costs more than a few rows.
+constexpr int64_t kGrainRows = 64;
+
+// Run f(begin, end) over [0, n) on torch's intra-op pool; ranges of at most grain items run inline.
 template <class F>
 inline void parallel(int64_t n, int64_t grain, const F& f) {
   if (n <= 0) return;

@@ -2,7 +2,7 @@
 
 inline void inverse_rope(const InverseRopeParams& p) {
   const int64_t esize = dtype_bytes(p.dtype);
-  parallel(p.num_tokens * p.num_heads, 16, [&](int64_t begin, int64_t end) {
+  parallel(p.num_tokens * p.num_heads, kGrainRows, [&](int64_t begin, int64_t end) {
     float row[kMaxInverseRopeHeadDim];
     for (int64_t i = begin; i < end; ++i) {
       const int64_t t = i / p.num_heads, h = i % p.num_heads;

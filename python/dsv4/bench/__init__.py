@@ -20,8 +20,10 @@ import dsv4
 
 from ..compat import vllm_cpu
 from ..compat.vllm_peer import load_peer_reason
+from ..rope import rope_cos_sin_cache
 
 MIN_RUN_SECONDS = 0.3
+ROPE_DIM, ROPE_THETA = 64, 10000.0
 
 
 @dataclass
@@ -60,9 +62,7 @@ def median_us(fn: Callable[[], None]) -> float:
 
 
 def rope_table(max_pos: int) -> torch.Tensor:
-    inv_freq = 10000.0 ** (-torch.arange(0, 64, 2, dtype=torch.float64) / 64)
-    angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq
-    return torch.cat([angles.cos(), angles.sin()], dim=1).float()
+    return rope_cos_sin_cache(max_pos, ROPE_DIM, ROPE_THETA)
 
 
 def measure(cases: list[Case], with_reference: bool = True) -> list[Result]:
@@ -90,7 +90,8 @@ def hardware() -> dict:
 
 
 def _fmt(value: float | None, spec: str) -> str:
-    return format(value, spec) if value is not None else "-"
+    width = spec.split(".")[0]  # an empty column keeps the column's width
+    return format(value, spec) if value is not None else format("-", f">{width}")
 
 
 def report(info: dict, results: list[Result], as_json: bool) -> str:
