@@ -200,8 +200,10 @@ class DeepseekV4Attention(torch.nn.Module):
         for chunk in meta.prefill.chunks if meta.prefill is not None else ():
             span = slice(chunk.token_start, chunk.token_end)
             requests = step.compressed[LayerType.C4A].req_id_per_token[span] - chunk.req_start
-            self._select(q_fp8[span], weights[span], chunk.cu_seqlen_ke - chunk.cu_seqlen_ks,
-                         chunk.block_table[requests], most_entries, rows[span], caches, timer)
+            with timer("fp8_paged_mqa_topk"):  # fused: no [tokens x context] logits in prefill
+                ops.fp8_paged_mqa_topk(q_fp8[span], caches.indexer_k, weights[span],
+                                       chunk.cu_seqlen_ke - chunk.cu_seqlen_ks, chunk.block_table, requests,
+                                       caches.compressed_block_size, topk, out=rows[span])
 
     def _select(self, q_fp8, weights, context_lens, page_table, most_entries, out, caches, timer) -> None:
         """Paged logits over each token's ``context_lens`` entries, then its top-k into ``out``."""
