@@ -21,6 +21,7 @@ OUT_RTOL = 2**-8
 OUT_ATOL = 1e-5
 LSE_RTOL = 1e-5
 LSE_ATOL = 1e-5
+OP_OUT_TOL, OP_LSE_TOL = 1e-2, 5e-3  # torch.ops.dsv4 (native kernels) vs the reference
 KV_SPREAD = 0.3  # keeps scores O(1) so softmax weights are spread over several entries
 
 
@@ -373,6 +374,13 @@ def test_opcheck(name, args):
     torch.library.opcheck(getattr(torch.ops.dsv4, name).default, tuple(args().values()))
 
 
+def assert_op_close(got, expected):
+    """The native CPU kernels round P to bf16 for P.V: FlashMLA's tolerances (out 1e-2, lse 5e-3)."""
+    torch.testing.assert_close(got[0].float(), expected[0].float(), atol=OP_OUT_TOL, rtol=OP_OUT_TOL)
+    for g, e in zip(got[1:], expected[1:], strict=True):
+        torch.testing.assert_close(g, e, atol=OP_LSE_TOL, rtol=OP_LSE_TOL)
+
+
 def test_ops_match_reference():
     args = decode_args()
     got = torch.ops.dsv4.sparse_mla_decode(*args.values())
@@ -380,11 +388,9 @@ def test_ops_match_reference():
                                            **{k: args[k] for k in ("topk_length", "attn_sink", "extra_kv_cache",
                                                                    "extra_indices", "extra_topk_length",
                                                                    "extra_block_size", "head_dim_v", "sm_scale")})
-    assert all(torch.equal(g, e) for g, e in zip(got, expected, strict=True))
+    assert_op_close(got, expected)
     args = prefill_args()
-    got = torch.ops.dsv4.sparse_mla_prefill(*args.values())
-    expected = attention.sparse_mla_prefill(*args.values())
-    assert all(torch.equal(g, e) for g, e in zip(got, expected, strict=True))
+    assert_op_close(torch.ops.dsv4.sparse_mla_prefill(*args.values()), attention.sparse_mla_prefill(*args.values()))
 
 
 BAD_INPUTS = [

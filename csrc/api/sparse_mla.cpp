@@ -66,9 +66,10 @@ SparseIndexSet index_set(const Tensor& indices, std::optional<IndexView> lengths
   return s;
 }
 
-std::tuple<Tensor, Tensor> sparse_mla_decode(Tensor q, Tensor kv_cache, Tensor indices, std::optional<Tensor> topk_length,
-                                             std::optional<Tensor> attn_sink, std::optional<Tensor> extra_kv_cache,
-                                             std::optional<Tensor> extra_indices,
+// tile_scheduler_metadata and num_splits are FlashMLA's GPU plan: the CPU kernel balances its own work.
+std::tuple<Tensor, Tensor> sparse_mla_decode(Tensor q, Tensor kv_cache, Tensor indices,
+                                             std::optional<Tensor> topk_length, std::optional<Tensor> attn_sink,
+                                             std::optional<Tensor> extra_kv_cache, std::optional<Tensor> extra_indices,
                                              std::optional<Tensor> extra_topk_length, int64_t block_size,
                                              int64_t extra_block_size, int64_t head_dim_v, double sm_scale,
                                              std::optional<Tensor> tile_scheduler_metadata,
@@ -99,7 +100,8 @@ std::tuple<Tensor, Tensor> sparse_mla_decode(Tensor q, Tensor kv_cache, Tensor i
     p.extra = index_set(*extra_indices, optional_lengths({op, "extra_topk_length"}, extra_topk_length, p.b),
                         extra_cache);
   }
-  DSV4_CHECK(!extra_topk_length || extra_indices, op, "argument 'extra_topk_length' must be None without extra_indices");
+  DSV4_CHECK(!extra_topk_length || extra_indices, op,
+             "argument 'extra_topk_length' must be None without extra_indices");
   p.q = static_cast<const uint16_t*>(q.const_data_ptr());
   p.q_stride_b = q.stride(0), p.q_stride_s = q.stride(1), p.q_stride_h = q.stride(2);
   p.attn_sink = sink ? static_cast<const float*>(sink->const_data_ptr()) : nullptr;

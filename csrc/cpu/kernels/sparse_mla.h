@@ -1,13 +1,15 @@
 // Sparse MLA attention (FlashMLA semantics) over fp8 paged caches (decode) and bf16 rows (prefill).
 //
 // Per query token, its valid attended rows (main set then extra set, in column order; a row listed twice is
-// attended twice; invalid entries are never read) are staged kChunkRows at a time as bf16, dequantized once and
-// shared by all heads; then S^T = K Q^T, an online softmax with heads in vector lanes, and acc += P V
-// (sparse_mla_gemm.h, sparse_mla_softmax.h). With few queries per thread (decode batch 1) each query's columns
-// are split across threads and the partial states merged through their lse, so results depend on the thread
-// count the way FlashMLA's depend on the SM count.
+// attended twice; invalid entries are never read) are staged kStageRows at a time as bf16, dequantized once
+// and shared by all heads, for S^T = K Q^T; every kValueRows rows follow an online softmax with heads in
+// vector lanes and acc += P V (sparse_mla_gemm.h, sparse_mla_softmax.h). With few queries per thread (decode
+// batch 1) each query's columns are split across threads and the partial states merged through their lse,
+// so results depend on the thread count the way FlashMLA's depend on the SM count.
 
-constexpr int64_t kChunkRows = 128;  // attended rows staged per step (a multiple of kRowBlock)
+constexpr int64_t kStageRows = 128;  // rows staged as keys per scores product (a multiple of kRowBlock)
+constexpr int64_t kValueRows = 512;  // rows per softmax and P.V product (a multiple of kStageRows): fewer passes
+                                     // of the fp32 accumulator through the cache
 constexpr int64_t kMinSplitColumns = 64;  // a split of fewer columns costs more to merge than it saves
 constexpr int64_t kQueriesPerThreadUnsplit = 4;  // from this many queries per thread on, whole queries balance well
 constexpr int64_t kBufferAlign = 64;
@@ -42,15 +44,17 @@ struct AttentionBuffers {
 };
 
 inline AttentionBuffers thread_buffers(int64_t max_rows) {
-  const int64_t sizes[] = {kChunkRows * kMaxQkDim * 2, kChunkRows * kValueDim * 2, kMaxHeads * kMaxQkDim * 2,
-                           kMaxHeads * kChunkRows * 2, kChunkRows * kMaxHeads * 4,
-                           softmax_state_floats(kMaxHeads) * 4, max_rows * int64_t(sizeof(AttendedRow))};
+  constexpr int64_t kBf16 = sizeof(uint16_t), kF32 = sizeof(float);
+  const int64_t sizes[] = {kStageRows * kMaxQkDim * kBf16, kValueRows * kValueDim * kBf16,
+                           kMaxHeads * kMaxQkDim * kBf16, kMaxHeads * kValueRows * kBf16, kValueRows * kMaxHeads * kF32,
+                           softmax_state_floats(kMaxHeads) * kF32, max_rows * int64_t(sizeof(AttendedRow))};
+  constexpr int kRegions = sizeof(sizes) / sizeof(sizes[0]);
   int64_t total = 0;
   for (int64_t s : sizes) total += round_up(s, kBufferAlign);
   static thread_local ScratchBuffer scratch;
   uint8_t* p = scratch.reserve(total);
-  uint8_t* region[7];
-  for (int i = 0; i < 7; ++i) region[i] = p, p += round_up(sizes[i], kBufferAlign);
+  uint8_t* region[kRegions];
+  for (int i = 0; i < kRegions; ++i) region[i] = p, p += round_up(sizes[i], kBufferAlign);
   return {reinterpret_cast<uint16_t*>(region[0]), reinterpret_cast<uint16_t*>(region[1]),
           reinterpret_cast<uint16_t*>(region[2]), reinterpret_cast<uint16_t*>(region[3]),
           reinterpret_cast<float*>(region[4]), reinterpret_cast<float*>(region[5]),
@@ -79,15 +83,24 @@ inline void attend_columns(const Problem& pb, int64_t t, int64_t c0, int64_t c1,
   if (count == 0) return;
   for (int64_t i = 0; i < kPrefetchRows && i < count; ++i) prefetch_row(pb.format, b.rows[i], pb.d_qk);
   pack_query(pb.query(t), pb.q_stride_h, pb.heads, hp, pb.d_qk, b.qpack);
-  for (int64_t r0 = 0; r0 < count; r0 += kChunkRows) {
-    const int64_t n = count - r0 < kChunkRows ? count - r0 : kChunkRows, rows = round_up(n, kRowBlock);
-    for (int64_t i = 0; i < n; ++i) {
-      if (r0 + i + kPrefetchRows < count) prefetch_row(pb.format, b.rows[r0 + i + kPrefetchRows], pb.d_qk);
-      stage_row(pb.format, b.rows[r0 + i], pb.d_qk, b.keys + i * pb.d_qk);
+  for (int64_t v0 = 0; v0 < count; v0 += kValueRows) {
+    const int64_t n = count - v0 < kValueRows ? count - v0 : kValueRows, rows = round_up(n, kRowBlock);
+    for (int64_t k0 = 0; k0 < rows; k0 += kStageRows) {
+      const int64_t stage = rows - k0 < kStageRows ? rows - k0 : kStageRows;
+      // Row pairs are staged and interleaved while they are still in L1; padding rows are zero.
+      for (int64_t i = 0; i < stage; ++i) {
+        const int64_t r = v0 + k0 + i;
+        uint16_t* key = b.keys + i * pb.d_qk;
+        if (r < count) {
+          if (r + kPrefetchRows < count) prefetch_row(pb.format, b.rows[r + kPrefetchRows], pb.d_qk);
+          stage_row(pb.format, b.rows[r], pb.d_qk, key);
+        } else {
+          std::memset(key, 0, pb.d_qk * sizeof(uint16_t));
+        }
+        if (i % 2) interleave_value_pair(key - pb.d_qk, key, b.values + ((k0 + i) / 2) * kValuePairStride);
+      }
+      scores(b.keys, pb.d_qk, stage, b.qpack, hp, b.scores + k0 * hp);
     }
-    std::memset(b.keys + n * pb.d_qk, 0, (rows - n) * pb.d_qk * sizeof(uint16_t));
-    interleave_value_pairs(b.keys, pb.d_qk, rows, b.values);
-    scores(b.keys, pb.d_qk, rows, b.qpack, hp, b.scores);
     softmax_step(b.scores, n, rows, hp, pb.scale, s, b.probs);
     accumulate_values(b.probs, rows, b.values, hp, s.acc);
   }
@@ -99,9 +112,16 @@ template <class Problem>
 inline void run_sparse_attention(const Problem& pb) {
   const int64_t hp = round_up(pb.heads, kHeadBlock), state_floats = softmax_state_floats(hp);
   const int64_t splits = split_count(pb.queries, pb.max_columns, pb.threads);
+  // Split queries: every part's state, and per query a count of finished parts; the last part to finish
+  // combines them, so one parallel region does all the work.
   static thread_local ScratchBuffer partial_states;
-  float* parts = splits > 1 ? reinterpret_cast<float*>(partial_states.reserve(pb.queries * splits * state_floats * 4))
-                            : nullptr;
+  const int64_t counter_bytes = round_up(pb.queries * int64_t(sizeof(int64_t)), kBufferAlign);
+  uint8_t* partial =
+      splits > 1 ? partial_states.reserve(counter_bytes + pb.queries * splits * state_floats * int64_t(sizeof(float)))
+                 : nullptr;
+  int64_t* finished = reinterpret_cast<int64_t*>(partial);
+  float* parts = reinterpret_cast<float*>(partial + counter_bytes);
+  if (splits > 1) std::memset(finished, 0, pb.queries * sizeof(int64_t));
   parallel(pb.queries * splits, 1, [&](int64_t begin, int64_t end) {
     const AttentionBuffers b = thread_buffers(pb.max_columns);
 #if defined(__AMX_BF16__)
@@ -111,19 +131,17 @@ inline void run_sparse_attention(const Problem& pb) {
       const int64_t t = item / splits, part = item % splits, columns = pb.columns(t);
       const SoftmaxState s = softmax_state(splits > 1 ? parts + item * state_floats : b.state, hp);
       attend_columns(pb, t, columns * part / splits, columns * (part + 1) / splits, hp, b, s);
-      if (splits == 1) finish_query(&s, 1, pb.output(t));
+      if (splits == 1) {
+        finish_query(&s, 1, pb.output(t));
+      } else if (__atomic_add_fetch(finished + t, 1, __ATOMIC_ACQ_REL) == splits) {
+        SoftmaxState states[kMaxParts];
+        for (int64_t i = 0; i < splits; ++i) states[i] = softmax_state(parts + (t * splits + i) * state_floats, hp);
+        finish_query(states, splits, pb.output(t));
+      }
     }
 #if defined(__AMX_BF16__)
     _tile_release();
 #endif
-  });
-  if (splits == 1) return;
-  parallel(pb.queries, 1, [&](int64_t begin, int64_t end) {
-    SoftmaxState states[kMaxParts];
-    for (int64_t t = begin; t < end; ++t) {
-      for (int64_t i = 0; i < splits; ++i) states[i] = softmax_state(parts + (t * splits + i) * state_floats, hp);
-      finish_query(states, splits, pb.output(t));
-    }
   });
 }
 
@@ -140,7 +158,7 @@ inline int64_t set_columns(const SparseIndexSet& set, int64_t b) {
 }
 
 // Valid rows of columns [c0, c1) of one set for query (b, s).
-__attribute__((noinline)) inline int64_t gather_set(const SparseIndexSet& set, int64_t b, int64_t s, int64_t c0, int64_t c1, AttendedRow* rows) {
+inline int64_t gather_set(const SparseIndexSet& set, int64_t b, int64_t s, int64_t c0, int64_t c1, AttendedRow* rows) {
   int64_t count = 0;
   const int64_t base = b * set.stride_b + s * set.stride_s;
   for (int64_t c = c0; c < c1; ++c)

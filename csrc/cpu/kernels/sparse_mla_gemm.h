@@ -27,7 +27,8 @@ inline int32_t load_pair(const uint16_t* p) {
 }
 
 // Packs heads [0, heads) of q (bf16, head stride q_stride_h) into qpack; heads in [heads, hp) are zero.
-__attribute__((noinline)) inline void pack_query(const uint16_t* q, int64_t q_stride_h, int64_t heads, int64_t hp, int64_t d_qk, uint16_t* qpack) {
+inline void pack_query(const uint16_t* q, int64_t q_stride_h, int64_t heads, int64_t hp, int64_t d_qk,
+                       uint16_t* qpack) {
   for (int64_t g = 0; g < hp / kHeadBlock; ++g) {
     for (int64_t k = 0; k < d_qk / kDimBlock; ++k) {
       uint16_t* tile = qpack + query_tile(d_qk, g, k);
@@ -61,7 +62,7 @@ inline void configure_attention_tiles() {
   load_tile_config(cfg);
 }
 
-__attribute__((noinline)) inline void scores(const uint16_t* keys, int64_t d_qk, int64_t rows, const uint16_t* qpack, int64_t hp, float* out) {
+inline void scores(const uint16_t* keys, int64_t d_qk, int64_t rows, const uint16_t* qpack, int64_t hp, float* out) {
   asm volatile("" : : : "memory");  // tile loads are asm without a memory clobber: flush the staged rows first
   const int64_t groups = hp / kHeadBlock, key_bytes = d_qk * 2, out_bytes = hp * 4;
   for (int64_t g = 0; g < groups; g += 2) {
@@ -95,7 +96,7 @@ __attribute__((noinline)) inline void scores(const uint16_t* keys, int64_t d_qk,
   }
 }
 
-__attribute__((noinline)) inline void accumulate_values(const uint16_t* probs, int64_t rows, const uint16_t* values, int64_t hp, float* acc) {
+inline void accumulate_values(const uint16_t* probs, int64_t rows, const uint16_t* values, int64_t hp, float* acc) {
   asm volatile("" : : : "memory");
   const int64_t groups = hp / kHeadBlock, prob_bytes = rows * 2, acc_bytes = kValueDim * 4;
   for (int64_t g = 0; g < groups; g += 2) {
@@ -156,7 +157,7 @@ inline void scores_block(const uint16_t* keys, int64_t d_qk, const uint16_t* qpa
     for (int j = 0; j < kGroups; ++j) _mm512_storeu_ps(out + r * hp + (g + j) * kHeadBlock, acc[r][j]);
 }
 
-__attribute__((noinline)) inline void scores(const uint16_t* keys, int64_t d_qk, int64_t rows, const uint16_t* qpack, int64_t hp, float* out) {
+inline void scores(const uint16_t* keys, int64_t d_qk, int64_t rows, const uint16_t* qpack, int64_t hp, float* out) {
   const int64_t groups = hp / kHeadBlock;
   for (int64_t g = 0; g < groups; g += 2)
     for (int64_t i = 0; i < rows; i += kScoreRows) {
@@ -165,7 +166,7 @@ __attribute__((noinline)) inline void scores(const uint16_t* keys, int64_t d_qk,
     }
 }
 
-__attribute__((noinline)) inline void accumulate_values(const uint16_t* probs, int64_t rows, const uint16_t* values, int64_t hp, float* acc) {
+inline void accumulate_values(const uint16_t* probs, int64_t rows, const uint16_t* values, int64_t hp, float* acc) {
   for (int64_t d = 0; d < kValueDim; d += kValueVecs * 16) {
     for (int64_t h = 0; h < hp; h += kValueHeads) {
       __m512 c[kValueHeads][kValueVecs];
@@ -202,7 +203,8 @@ inline void fma_pairs(__m256 acc[kPairRows][2], const uint16_t* const* a, int64_
   for (int64_t r = 0; r < kPairRows; ++r) {
     const __m256i pair = _mm256_set1_epi32(load_pair(a[r] + offset));
     const __m256 a_even = even_bf16(pair), a_odd = odd_bf16(pair);
-    for (int64_t j = 0; j < 2; ++j) acc[r][j] = _mm256_fmadd_ps(a_odd, b_odd[j], _mm256_fmadd_ps(a_even, b_even[j], acc[r][j]));
+    for (int64_t j = 0; j < 2; ++j)
+      acc[r][j] = _mm256_fmadd_ps(a_odd, b_odd[j], _mm256_fmadd_ps(a_even, b_even[j], acc[r][j]));
   }
 }
 
@@ -246,7 +248,7 @@ inline void accumulate_values(const uint16_t* probs, int64_t rows, const uint16_
 
 #else
 // fp32 products of bf16 pairs; the head / dim loops are innermost so the compiler vectorizes them.
-__attribute__((noinline)) inline void scores(const uint16_t* keys, int64_t d_qk, int64_t rows, const uint16_t* qpack, int64_t hp, float* out) {
+inline void scores(const uint16_t* keys, int64_t d_qk, int64_t rows, const uint16_t* qpack, int64_t hp, float* out) {
   for (int64_t n = 0; n < rows; ++n) {
     const uint16_t* key = keys + n * d_qk;
     for (int64_t g = 0; g < hp / kHeadBlock; ++g) {
@@ -254,9 +256,11 @@ __attribute__((noinline)) inline void scores(const uint16_t* keys, int64_t d_qk,
       for (int64_t k = 0; k < d_qk / kDimBlock; ++k) {
         const uint16_t* tile = qpack + query_tile(d_qk, g, k);
         for (int64_t pair = 0; pair < kDimBlock / 2; ++pair) {
-          const float k0 = bf16_to_f32(key[k * kDimBlock + 2 * pair]), k1 = bf16_to_f32(key[k * kDimBlock + 2 * pair + 1]);
+          const uint16_t* kpair = key + k * kDimBlock + 2 * pair;
+          const float k0 = bf16_to_f32(kpair[0]), k1 = bf16_to_f32(kpair[1]);
           const uint16_t* qrow = tile + pair * kDimBlock;
-          for (int64_t i = 0; i < kHeadBlock; ++i) acc[i] += k0 * bf16_to_f32(qrow[2 * i]) + k1 * bf16_to_f32(qrow[2 * i + 1]);
+          for (int64_t i = 0; i < kHeadBlock; ++i)
+            acc[i] += k0 * bf16_to_f32(qrow[2 * i]) + k1 * bf16_to_f32(qrow[2 * i + 1]);
         }
       }
       std::memcpy(out + n * hp + g * kHeadBlock, acc, sizeof(acc));
@@ -264,7 +268,7 @@ __attribute__((noinline)) inline void scores(const uint16_t* keys, int64_t d_qk,
   }
 }
 
-__attribute__((noinline)) inline void accumulate_values(const uint16_t* probs, int64_t rows, const uint16_t* values, int64_t hp, float* acc) {
+inline void accumulate_values(const uint16_t* probs, int64_t rows, const uint16_t* values, int64_t hp, float* acc) {
   for (int64_t h = 0; h < hp; ++h) {
     float* out = acc + h * kValueDim;
     for (int64_t e = 0; e < rows / 2; ++e) {

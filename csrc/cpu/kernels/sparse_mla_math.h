@@ -1,25 +1,6 @@
-// Vector building blocks of the sparse MLA kernels: exp, a 16x16 32-bit transpose, bf16 pair interleaving.
+// Vector building blocks of the sparse MLA kernels: a 16x16 32-bit transpose, bf16 pair interleaving.
 
 #if defined(__AVX512BF16__)
-constexpr float kExpFloor = -104.0f;  // exp of anything below underflows to 0 in fp32
-
-// e^x to about 1 ulp (Cephes' single-precision polynomial on [-ln2/2, ln2/2], then x 2^n); NaN stays NaN.
-inline __m512 exp_ps(__m512 x) {
-  x = _mm512_max_ps(_mm512_set1_ps(kExpFloor), x);  // max returns its second operand when one is NaN
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(y, n);
-}
-
 // r[i] element j <-> r[j] element i, for 16 vectors of 16 32-bit elements.
 inline void transpose_16x16_epi32(__m512i r[16]) {
   __m512i t[16];

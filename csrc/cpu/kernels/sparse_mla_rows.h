@@ -59,7 +59,8 @@ constexpr int kE4m3ShiftToFp32 = 20;
 // after x 2^120); *nan marks the NaN codes (magnitude 0x7f).
 inline __m512 e4m3x16_bits(const uint8_t* codes, __mmask16* nan) {
   const __m512i c = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
-  const __m512i bits = _mm512_and_si512(_mm512_slli_epi32(c, kE4m3ShiftToFp32), _mm512_set1_epi32(int(kE4m3SignAndMagnitudeBits)));
+  const __m512i bits =
+      _mm512_and_si512(_mm512_slli_epi32(c, kE4m3ShiftToFp32), _mm512_set1_epi32(int(kE4m3SignAndMagnitudeBits)));
   const __m512i magnitude = _mm512_set1_epi32(int(kE4m3MagnitudeBits));
   *nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(bits, magnitude), magnitude);
   return _mm512_castsi512_ps(bits);
@@ -94,47 +95,83 @@ inline float ue8m0_scale(uint8_t b) {
   return b == 0 ? 0x1p-127f : bits_f32(uint32_t(b) << 23);  // byte 0 is the denormal 2^-127
 }
 
-__attribute__((noinline)) inline void stage_row(RowFormat format, const AttendedRow& row, int64_t d_qk, uint16_t* dst) {
+// MODEL1 tiles whose scale byte is in [kDirectScaleMin, kDirectScaleMax] decode straight to bf16 bits: every
+// nonzero e4m3 value times the scale is then a normal bf16 (subnormal codes need b >= 10, normal ones b <= 246).
+constexpr int kDirectScaleMin = 10, kDirectScaleMax = 246;
+constexpr int kBf16ExponentShift = 7, kE4m3ToBf16Shift = 4, kE4m3ExponentBias = 7, kUe8m0Bias = 127;
+constexpr int kE4m3SubnormalCodes = 8;  // magnitudes 0-7: zero and the subnormals m * 2^-9
+constexpr uint16_t kBf16Nan = 0x7fc0, kBf16Sign = 0x8000, kE4m3Magnitude = 0x7f;
+
+// bf16 bits of e4m3 magnitudes 0-7 (0, then m * 2^-9) at scale byte 127, in the first 8 of 32 word lanes.
+inline __m512i e4m3_subnormal_bf16() {
+  alignas(64) uint16_t table[32] = {};
+  for (int m = 1; m < kE4m3SubnormalCodes; ++m) table[m] = f32_to_bf16(std::ldexp(float(m), -9));
+  return _mm512_load_si512(table);
+}
+
+// 32 e4m3 codes times 2^(b - 127) as bf16: normal codes by moving their bits (the exponent rebased by
+// bias = (b - 7) << 7), zero and subnormals from the small table rebased by (b - 127) << 7, NaN kept.
+inline __m512i e4m3x32_direct(const uint8_t* codes, __m512i bias, __m512i subnormals) {
+  const __m512i x = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes)));
+  const __m512i magnitude = _mm512_and_si512(x, _mm512_set1_epi16(kE4m3Magnitude));
+  __m512i bits = _mm512_add_epi16(_mm512_slli_epi16(magnitude, kE4m3ToBf16Shift), bias);
+  const __mmask32 small = _mm512_cmplt_epu16_mask(magnitude, _mm512_set1_epi16(kE4m3SubnormalCodes));
+  bits = _mm512_mask_permutexvar_epi16(bits, small, magnitude, subnormals);
+  const __mmask32 nan = _mm512_cmpeq_epi16_mask(magnitude, _mm512_set1_epi16(kE4m3Magnitude));
+  bits = _mm512_mask_mov_epi16(bits, nan, _mm512_set1_epi16(int16_t(kBf16Nan)));
+  constexpr int kOrAnd = 0xf8;  // a | (b & c)
+  return _mm512_ternarylogic_epi32(bits, x, _mm512_set1_epi16(int16_t(kBf16Sign)), kOrAnd);
+}
+
+inline void stage_model1_tile(const uint8_t* codes, uint8_t scale_byte, uint16_t* dst) {
+  if (scale_byte < kDirectScaleMin || scale_byte > kDirectScaleMax) {
+    stage_e4m3_tile(codes, kModel1Tile, ue8m0_scale(scale_byte), dst);
+    return;
+  }
+  static const __m512i subnormal_table = e4m3_subnormal_bf16();
+  const __m512i bias = _mm512_set1_epi16(int16_t((scale_byte - kE4m3ExponentBias) << kBf16ExponentShift));
+  constexpr __mmask32 kNonzeroSubnormals = 0xfe;  // table lanes 1-7; lane 0 (zero) stays 0
+  const __m512i subnormals = _mm512_mask_add_epi16(
+      subnormal_table, kNonzeroSubnormals, subnormal_table,
+      _mm512_set1_epi16(int16_t((scale_byte - kUe8m0Bias) << kBf16ExponentShift)));
+  for (int64_t i = 0; i < kModel1Tile; i += 32)
+    _mm512_storeu_si512(dst + i, e4m3x32_direct(codes + i, bias, subnormals));
+}
+
+inline void stage_row(RowFormat format, const AttendedRow& row, int64_t d_qk, uint16_t* dst) {
   if (format == RowFormat::model1) {
     const uint8_t* data = row.page + row.offset * kModel1DataBytes;
     const uint8_t* scales = row.page + row.block_size * kModel1DataBytes + row.offset * kModel1ScaleBytes;
-    for (int64_t t = 0; t < kModel1Tiles; ++t) {
-      stage_e4m3_tile(data + t * kModel1Tile, kModel1Tile, ue8m0_scale(scales[t]), dst + t * kModel1Tile);
-    }
+    for (int64_t t = 0; t < kModel1Tiles; ++t)
+      stage_model1_tile(data + t * kModel1Tile, scales[t], dst + t * kModel1Tile);
     std::memcpy(dst + kModel1NopeDim, data + kModel1NopeDim, kModel1RopeDim * sizeof(uint16_t));
   } else if (format == RowFormat::v32) {
     const uint8_t* entry = row.page + row.offset * kV32BytesPerToken;
     float scales[kV32Tiles];
     std::memcpy(scales, entry + kV32NopeDim, sizeof(scales));
-    for (int64_t t = 0; t < kV32Tiles; ++t) stage_e4m3_tile(entry + t * kV32Tile, kV32Tile, scales[t], dst + t * kV32Tile);
+    for (int64_t t = 0; t < kV32Tiles; ++t)
+      stage_e4m3_tile(entry + t * kV32Tile, kV32Tile, scales[t], dst + t * kV32Tile);
     std::memcpy(dst + kV32NopeDim, entry + kV32NopeDim + sizeof(scales), kV32RopeDim * sizeof(uint16_t));
   } else {
     std::memcpy(dst, row.page, d_qk * sizeof(uint16_t));
   }
 }
 #else
-__attribute__((noinline)) inline void stage_row(RowFormat format, const AttendedRow& row, int64_t d_qk, uint16_t* dst) {
+inline void stage_row(RowFormat format, const AttendedRow& row, int64_t d_qk, uint16_t* dst) {
   stage_row_scalar(format, row, d_qk, dst);
 }
 #endif
 
-// values[e][d][j] = keys[2e + j][d] for d < 512: the bf16 pairs (rows 2e, 2e+1) that one P.V step consumes.
-__attribute__((noinline)) inline void interleave_value_pairs(const uint16_t* keys, int64_t key_stride, int64_t rows, uint16_t* values) {
+// values[d][j] = (a, b)[j][d] for d < 512: the bf16 pair of rows a, b that one P.V step consumes.
+inline void interleave_value_pair(const uint16_t* a, const uint16_t* b, uint16_t* values) {
 #if defined(__AVX512BF16__)
   static const InterleaveIndex index;
-#endif
-  for (int64_t e = 0; e < rows / 2; ++e) {
-    const uint16_t* a = keys + 2 * e * key_stride;
-    const uint16_t* b = a + key_stride;
-    uint16_t* dst = values + e * 2 * kValueDim;
-#if defined(__AVX512BF16__)
-    for (int64_t d = 0; d < kValueDim; d += 32) {
-      const __m512i va = _mm512_loadu_si512(a + d), vb = _mm512_loadu_si512(b + d);
-      _mm512_storeu_si512(dst + 2 * d, _mm512_permutex2var_epi16(va, index.lo, vb));
-      _mm512_storeu_si512(dst + 2 * d + 32, _mm512_permutex2var_epi16(va, index.hi, vb));
-    }
-#else
-    for (int64_t d = 0; d < kValueDim; ++d) dst[2 * d] = a[d], dst[2 * d + 1] = b[d];
-#endif
+  for (int64_t d = 0; d < kValueDim; d += 32) {
+    const __m512i va = _mm512_loadu_si512(a + d), vb = _mm512_loadu_si512(b + d);
+    _mm512_storeu_si512(values + 2 * d, _mm512_permutex2var_epi16(va, index.lo, vb));
+    _mm512_storeu_si512(values + 2 * d + 32, _mm512_permutex2var_epi16(va, index.hi, vb));
   }
+#else
+  for (int64_t d = 0; d < kValueDim; ++d) values[2 * d] = a[d], values[2 * d + 1] = b[d];
+#endif
 }

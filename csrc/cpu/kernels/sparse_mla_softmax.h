@@ -19,7 +19,7 @@ inline SoftmaxState softmax_state(float* floats, int64_t hp) {
   return {floats, floats + hp, floats + 2 * hp, floats + 3 * hp};
 }
 
-__attribute__((noinline)) inline void reset(const SoftmaxState& s, int64_t hp) {
+inline void reset(const SoftmaxState& s, int64_t hp) {
   for (int64_t h = 0; h < hp; ++h) s.max[h] = -INFINITY, s.sum[h] = 0.0f, s.top[h] = -INFINITY;
   std::memset(s.acc, 0, hp * kValueDim * sizeof(float));
 }
@@ -37,7 +37,7 @@ inline void raise_max(const SoftmaxState& s, int64_t h, float new_max) {
 
 // scores [rows][hp] (the first n rows are real) -> scaled in place; state updated; probs [hp][rows] = bf16 P,
 // zero for the padding rows.
-__attribute__((noinline)) inline void softmax_step(float* scores, int64_t n, int64_t rows, int64_t hp, float scale, const SoftmaxState& s,
+inline void softmax_step(float* scores, int64_t n, int64_t rows, int64_t hp, float scale, const SoftmaxState& s,
                          uint16_t* probs) {
 #if defined(__AVX512BF16__)
   static const InterleaveIndex index;
@@ -64,8 +64,8 @@ __attribute__((noinline)) inline void softmax_step(float* scores, int64_t n, int
       __m512i pairs[kRowBlock / 2];
       for (int64_t k = 0; k < kRowBlock / 2; ++k) {
         const int64_t r = r0 + 2 * k;
-        const __m512 p0 = r < n ? exp_ps(_mm512_sub_ps(_mm512_loadu_ps(scores + r * hp + g), m)) : zero;
-        const __m512 p1 = r + 1 < n ? exp_ps(_mm512_sub_ps(_mm512_loadu_ps(scores + (r + 1) * hp + g), m)) : zero;
+        const __m512 p0 = r < n ? exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + r * hp + g), m)) : zero;
+        const __m512 p1 = r + 1 < n ? exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + (r + 1) * hp + g), m)) : zero;
         sum = _mm512_add_ps(_mm512_add_ps(sum, p0), p1);
         pairs[k] = bf16_pairs(p0, p1, index);
       }
@@ -127,7 +127,7 @@ constexpr int64_t kMaxParts = 64;  // splits of one query's rows that finish_que
 
 // Combines the partial states of one query (the splits of its rows) into its outputs: lse = ln sum of all
 // exponentials; out = sum of the parts' acc, each weighted exp(max_i - lse), times 1 / (1 + exp(sink - lse)).
-__attribute__((noinline)) inline void finish_query(const SoftmaxState* parts, int64_t num_parts, const QueryOutput& o) {
+inline void finish_query(const SoftmaxState* parts, int64_t num_parts, const QueryOutput& o) {
   const float* rows[kMaxParts];
   float weight[kMaxParts];
   for (int64_t h = 0; h < o.heads; ++h) {

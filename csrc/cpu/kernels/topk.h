@@ -11,6 +11,7 @@ constexpr int kTopkDigits = 1 << kTopkDigitBits;
 constexpr int kTopkKeyBits = 32;
 constexpr int kTopkHistCopies = 4;  // interleaved histograms, so repeated bins do not serialize the increments
 constexpr int64_t kTopkBlock = 16;  // most candidates one vector step appends
+constexpr int64_t kTopkLanes8 = 8;  // floats in an AVX2 vector
 constexpr int64_t kTopkCapacity = 4;  // the candidate buffer holds this many k before it is trimmed to k
 constexpr int64_t kTopkSamples = 1024;  // most sample points per scanned piece
 constexpr int64_t kTopkSampleSpacing = 16;  // at least this many entries per sample point
@@ -18,13 +19,12 @@ constexpr int64_t kTopkSurplus = 2;  // the sampled floor aims at this many k ca
 constexpr int64_t kTopkMinPiece = 4096;  // a shorter piece of a row costs less to scan than to hand to a thread
 constexpr int64_t kTopkMinRank = 24;  // sample points a floor must keep: +-20% on the candidate count
 constexpr uint32_t kTopkNanKey = 0;  // below the key of -inf: NaN ranks after every number
-constexpr uint32_t kTopkNegInfKey = 0x007fffffu;
+constexpr uint32_t kTopkNegInfKey = 0x007fffffu;  // floors above the key of -inf admit numbers only
 
 // Order key of one score.
 inline uint32_t topk_key(float x) {
-  if (std::isnan(x)) return kTopkNanKey;
   const uint32_t u = f32_bits(x + 0.0f);  // adding +0 turns -0 into +0, which torch ranks as equal
-  return u ^ (uint32_t(int32_t(u) >> 31) | 0x80000000u);
+  return std::isnan(x) ? kTopkNanKey : u ^ (uint32_t(int32_t(u) >> 31) | 0x80000000u);
 }
 
 #if defined(__AVX512F__)
@@ -40,6 +40,31 @@ inline __m256i topk_key8(__m256 x) {
   const __m256i u = _mm256_castps_si256(_mm256_add_ps(x, _mm256_setzero_ps()));
   const __m256i flip = _mm256_or_si256(_mm256_srai_epi32(u, 31), _mm256_set1_epi32(INT32_MIN));
   return _mm256_andnot_si256(nan, _mm256_xor_si256(u, flip));
+}
+
+// Bit j set where key lane j >= floor (unsigned, as a signed compare with both top bits flipped).
+inline uint32_t topk_reaching8(__m256i key, uint32_t floor) {
+  const __m256i biased_floor = _mm256_set1_epi32(int32_t(floor ^ 0x80000000u));
+  const __m256i below = _mm256_cmpgt_epi32(biased_floor, _mm256_xor_si256(key, _mm256_set1_epi32(INT32_MIN)));
+  return ~uint32_t(_mm256_movemask_ps(_mm256_castsi256_ps(below))) & 0xffu;
+}
+
+// For each 8-bit mask, the lanes whose bits are set, in order, as bytes: AVX2 has no compress instruction.
+struct TopkLeftPack {
+  uint64_t lanes[1 << kTopkLanes8];
+  TopkLeftPack() {
+    for (uint32_t mask = 0; mask < (1u << kTopkLanes8); ++mask) {
+      uint64_t packed = 0;
+      int at = 0;
+      for (int j = 0; j < kTopkLanes8; ++j)
+        if (mask >> j & 1) packed |= uint64_t(j) << (8 * at++);
+      lanes[mask] = packed;
+    }
+  }
+};
+inline __m256i topk_left_pack(uint32_t mask) {
+  static const TopkLeftPack table;
+  return _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(table.lanes[mask])));
 }
 #endif
 
@@ -77,6 +102,16 @@ inline int64_t topk_keys_within(const uint32_t* src, int64_t n, uint32_t lo, uin
     const __m512i key = _mm512_loadu_si512(src + i);
     const __mmask16 in = _mm512_cmple_epu32_mask(_mm512_sub_epi32(key, vlo), vwidth);
     _mm512_mask_compressstoreu_epi32(dst + m, in, key);
+    m += __builtin_popcount(in);
+  }
+#elif defined(__AVX2__)
+  const __m256i bias = _mm256_set1_epi32(INT32_MIN), vlo = _mm256_set1_epi32(int32_t(lo));
+  const __m256i above = _mm256_set1_epi32(int32_t(width ^ 0x80000000u));
+  for (; i + kTopkLanes8 <= n; i += kTopkLanes8) {  // full-width stores land on entries already read
+    const __m256i key = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    const __m256i out = _mm256_cmpgt_epi32(_mm256_xor_si256(_mm256_sub_epi32(key, vlo), bias), above);
+    const uint32_t in = ~uint32_t(_mm256_movemask_ps(_mm256_castsi256_ps(out))) & 0xffu;
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + m), _mm256_permutevar8x32_epi32(key, topk_left_pack(in)));
     m += __builtin_popcount(in);
   }
 #endif
@@ -135,6 +170,22 @@ inline int64_t topk_keep_top(uint32_t* keys, uint32_t* idx, int64_t n, TopkRank 
     _mm512_mask_compressstoreu_epi32(idx + m, keep, index);
     m += __builtin_popcount(keep);
   }
+#elif defined(__AVX2__)
+  const __m256i bias = _mm256_set1_epi32(INT32_MIN), kth = _mm256_set1_epi32(int32_t(t.key));
+  const __m256i kth_biased = _mm256_xor_si256(kth, bias);
+  for (; i + kTopkLanes8 <= n; i += kTopkLanes8) {  // full-width stores land on entries already read
+    const __m256i key = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(keys + i));
+    const __m256i index = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx + i));
+    const __m256i gt = _mm256_cmpgt_epi32(_mm256_xor_si256(key, bias), kth_biased);
+    uint32_t tie = uint32_t(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(key, kth))));
+    while (__builtin_popcount(tie) > ties) tie ^= 1u << (31 - __builtin_clz(tie));  // only the first ties
+    ties -= __builtin_popcount(tie);
+    const uint32_t keep = uint32_t(_mm256_movemask_ps(_mm256_castsi256_ps(gt))) | tie;
+    const __m256i pack = topk_left_pack(keep);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(keys + m), _mm256_permutevar8x32_epi32(key, pack));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + m), _mm256_permutevar8x32_epi32(index, pack));
+    m += __builtin_popcount(keep);
+  }
 #endif
   for (; i < n; ++i) {  // branch-free: the comparison is unpredictable
     const uint32_t key = keys[i], index = idx[i];
@@ -191,11 +242,21 @@ inline void topk_admit16(TopkCandidates& c, __m512 x, __mmask16 keep, uint32_t i
   c.count += __builtin_popcount(keep);
 }
 #elif defined(__AVX2__)
-inline void topk_admit8(TopkCandidates& c, __m256 x, uint32_t index, int64_t k, uint32_t* work) {
-  constexpr int kLanes = 8;
-  uint32_t lane_keys[kLanes];
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(lane_keys), topk_key8(x));
-  for (int j = 0; j < kLanes; ++j) topk_admit(c, lane_keys[j], index + uint32_t(j), k, work);
+// topk_admit16 for 8 lanes.
+inline void topk_admit8(TopkCandidates& c, __m256 x, uint32_t keep, uint32_t index, int64_t k, uint32_t* work) {
+  if (!keep) return;
+  const __m256i key = topk_key8(x);
+  if (c.count > c.capacity - kTopkLanes8) {
+    topk_trim(c, k, work);
+    keep &= topk_reaching8(key, c.floor);
+  }
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i indices = _mm256_add_epi32(lanes, _mm256_set1_epi32(int32_t(index)));
+  const __m256i pack = topk_left_pack(keep);
+  // full-width stores are fine: count + 8 <= capacity
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(c.keys + c.count), _mm256_permutevar8x32_epi32(key, pack));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(c.idx + c.count), _mm256_permutevar8x32_epi32(indices, pack));
+  c.count += __builtin_popcount(keep);
 }
 #endif
 
@@ -229,11 +290,20 @@ inline void topk_collect(TopkCandidates& c, const float* x, int64_t n, uint32_t 
     value = topk_key_value(c.floor);
   }
 #elif defined(__AVX2__)
-  constexpr int64_t kLanes = 8;
-  for (; i + kLanes <= n; i += kLanes) {
-    const __m256 a = _mm256_loadu_ps(x + i);
-    if (numeric && !_mm256_movemask_ps(_mm256_cmp_ps(a, _mm256_set1_ps(value), _CMP_GE_OQ))) continue;
-    topk_admit8(c, a, base + uint32_t(i), k, work);
+  for (; i + 2 * kTopkLanes8 <= n; i += 2 * kTopkLanes8) {
+    const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + kTopkLanes8);
+    uint32_t keep_a, keep_b;
+    if (numeric) {
+      const __m256 v = _mm256_set1_ps(value);
+      keep_a = uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(a, v, _CMP_GE_OQ)));
+      keep_b = uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(b, v, _CMP_GE_OQ)));
+      if (!(keep_a | keep_b)) continue;
+    } else {
+      keep_a = topk_reaching8(topk_key8(a), c.floor);
+      keep_b = topk_reaching8(topk_key8(b), c.floor);
+    }
+    topk_admit8(c, a, keep_a, base + uint32_t(i), k, work);  // keep_b may now pass more than needed: harmless
+    topk_admit8(c, b, keep_b, base + uint32_t(i + kTopkLanes8), k, work);
     numeric = c.floor > kTopkNegInfKey;
     value = topk_key_value(c.floor);
   }
@@ -306,25 +376,89 @@ inline const uint32_t* topk_sort_desc(uint32_t* keys, uint32_t* idx, int64_t n, 
   return src_i;
 }
 
-// page_table[r, i // page_size] * page_size + i % page_size; -1 for i < 0, a page past the table or a
-// negative entry.
-inline int32_t topk_slot(const TopkTransformParams& p, int64_t r, int64_t i) {
-  if (i < 0) return -1;
-  const int64_t page = i / p.page_size;
-  if (page >= p.max_pages) return -1;
-  const int64_t block = index_at(p.page_table, r, page);
-  return block < 0 ? -1 : int32_t(block * p.page_size + i % p.page_size);
+#if defined(__AVX512F__)
+// topk_translate of 16 contiguous raw indices (see there); table offsets page * table_stride fit in int32.
+template <class Entry>
+inline __m512i topk_translate16(const Entry* table, int32_t table_stride, int32_t max_pages, int32_t page_size,
+                                double inverse, __m512i raw) {
+  const __m512d inv = _mm512_set1_pd(inverse);
+  const __m512i size = _mm512_set1_epi32(page_size), none = _mm512_set1_epi32(-1);
+  const __m512d raw_lo = _mm512_cvtepi32_pd(_mm512_castsi512_si256(raw));
+  const __m512d raw_hi = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(raw, 1));
+  const __m256i page_lo = _mm512_cvttpd_epi32(_mm512_mul_pd(raw_lo, inv));
+  const __m256i page_hi = _mm512_cvttpd_epi32(_mm512_mul_pd(raw_hi, inv));
+  __m512i page = _mm512_inserti64x4(_mm512_castsi256_si512(page_lo), page_hi, 1);
+  __m512i offset = _mm512_sub_epi32(raw, _mm512_mullo_epi32(page, size));
+  const __mmask16 carry = _mm512_cmpge_epi32_mask(offset, size);
+  page = _mm512_mask_add_epi32(page, carry, page, _mm512_set1_epi32(1));
+  offset = _mm512_mask_sub_epi32(offset, carry, offset, size);
+  const __mmask16 mapped = _mm512_cmpge_epi32_mask(raw, _mm512_setzero_si512()) &
+                           _mm512_cmplt_epi32_mask(page, _mm512_set1_epi32(max_pages));
+  const __m512i at = _mm512_mullo_epi32(page, _mm512_set1_epi32(table_stride));
+  if constexpr (sizeof(Entry) == sizeof(int32_t)) {
+    const __m512i block = _mm512_mask_i32gather_epi32(none, mapped, at, table, sizeof(Entry));
+    const __mmask16 valid = _mm512_cmpge_epi32_mask(block, _mm512_setzero_si512());
+    return _mm512_mask_add_epi32(none, valid, _mm512_mullo_epi32(block, size), offset);
+  } else {  // 64-bit entries, 8 lanes at a time; the slot keeps the low 32 bits, as a cast to int32 does
+    const __m512i none64 = _mm512_set1_epi64(-1), size64 = _mm512_set1_epi64(page_size);
+    __m256i half[2];
+    for (int h = 0; h < 2; ++h) {
+      const __mmask8 lanes = __mmask8(mapped >> (8 * h));
+      const __m256i at_h = h ? _mm512_extracti64x4_epi64(at, 1) : _mm512_castsi512_si256(at);
+      const __m256i off_h = h ? _mm512_extracti64x4_epi64(offset, 1) : _mm512_castsi512_si256(offset);
+      const __m512i block = _mm512_mask_i32gather_epi64(none64, lanes, at_h, table, sizeof(Entry));
+      const __mmask8 valid = _mm512_cmpge_epi64_mask(block, _mm512_setzero_si512());
+      const __m512i slot = _mm512_add_epi64(_mm512_mullo_epi64(block, size64), _mm512_cvtepi32_epi64(off_h));
+      half[h] = _mm512_cvtepi64_epi32(_mm512_mask_mov_epi64(none64, valid, slot));
+    }
+    return _mm512_inserti64x4(_mm512_castsi256_si512(half[0]), half[1], 1);
+  }
+}
+#endif
+
+// slots[j] = table[i / page_size] * page_size + i % page_size for i = raw[j]; -1 for i < 0, a page past
+// the table or a negative entry.
+template <class Entry>
+inline void topk_translate(const Entry* table, int64_t table_stride, int64_t max_pages, int64_t page_size,
+                           const int32_t* raw, int64_t raw_stride, int64_t k, int32_t* slots, int64_t slot_stride) {
+  // i / page_size through a double reciprocal, a few times faster than integer division: for i < 2^31 the
+  // truncated product is the quotient or, at exact multiples, one less, which the remainder test fixes
+  const double inverse = 1.0 / double(page_size);
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  if (raw_stride == 1 && slot_stride == 1 && page_size <= INT32_MAX && max_pages * table_stride <= INT32_MAX) {
+    for (; j + kTopkBlock <= k; j += kTopkBlock) {
+      const __m512i slot = topk_translate16(table, int32_t(table_stride), int32_t(max_pages), int32_t(page_size),
+                                            inverse, _mm512_loadu_si512(raw + j));
+      _mm512_storeu_si512(slots + j, slot);
+    }
+  }
+#endif
+  for (; j < k; ++j) {
+    const int64_t i = raw[j * raw_stride];
+    int64_t page = int64_t(double(i) * inverse);
+    page += i - page * page_size >= page_size;
+    page = i >= 0 ? page : max_pages;
+    const int64_t block = page < max_pages ? int64_t(table[page * table_stride]) : -1;
+    slots[j * slot_stride] = block >= 0 ? int32_t(block * page_size + (i - page * page_size)) : -1;
+  }
 }
 
 // Row r's output: idx[j] (j itself when idx is null) for j < count, then -1; slots alongside.
 inline void topk_write_row(const TopkTransformParams& p, int64_t r, const uint32_t* idx, int64_t count) {
   int32_t* raw = p.raw + r * p.raw_stride;
-  int32_t* slots = p.slots ? p.slots + r * p.slot_stride : nullptr;
-  for (int64_t j = 0; j < p.k; ++j) {
-    const int64_t i = j < count ? (idx ? int64_t(idx[j]) : j) : -1;
-    raw[j * p.raw_col_stride] = int32_t(i);
-    if (slots) slots[j * p.slot_col_stride] = topk_slot(p, r, i);
-  }
+  const int64_t stride = p.raw_col_stride;
+  for (int64_t j = 0; j < count; ++j) raw[j * stride] = idx ? int32_t(idx[j]) : int32_t(j);
+  for (int64_t j = count; j < p.k; ++j) raw[j * stride] = -1;
+  if (!p.slots) return;
+  const IndexView& t = p.page_table;
+  int32_t* slots = p.slots + r * p.slot_stride;
+  if (t.is_int64)
+    topk_translate(static_cast<const int64_t*>(t.data) + r * t.row_stride, t.col_stride, p.max_pages, p.page_size, raw,
+                   stride, p.k, slots, p.slot_col_stride);
+  else
+    topk_translate(static_cast<const int32_t*>(t.data) + r * t.row_stride, t.col_stride, p.max_pages, p.page_size, raw,
+                   stride, p.k, slots, p.slot_col_stride);
 }
 
 // Scratch of one worker: a candidate buffer and key work space of capacity, sort buffers of k, the samples.
@@ -354,15 +488,17 @@ inline void topk_collect_all(TopkCandidates& c, const float* x, int64_t n, int64
   topk_collect(c, x, n, 0, k, work);
 }
 
-// A whole row (slot < 0) or piece `slot` of a row split across threads.
+// A whole row (split < 0) or one piece of split row `split`, whose candidates go to buffer `slot`.
 struct TopkTask {
   int64_t row, offset, length;  // scores offset of the row start; row length
-  int64_t begin, end, slot;  // the scanned part of the row
+  int64_t begin, end;  // the scanned part of the row
+  int64_t split, slot;
 };
 
-// A row split into pieces: their candidates lie in slots [first_slot, first_slot + pieces).
+// A row split into pieces: their candidates lie in slots [first_slot, first_slot + pieces); the piece that
+// finishes last (remaining drops to 0) merges them.
 struct TopkSplit {
-  int64_t task, first_slot, pieces;
+  int64_t first_slot, pieces, remaining;
 };
 
 // Candidate buffers of the pieces of split rows.
@@ -377,26 +513,6 @@ struct TopkPieces {
   }
 };
 
-inline void topk_run_task(const TopkTransformParams& p, const TopkTask& t, TopkPieces& pieces, TopkWorkspace& ws) {
-  if (t.length <= p.k) return topk_write_row(p, t.row, nullptr, t.length);
-  const float* x = p.scores + t.offset;
-  const int64_t n = t.end - t.begin;
-  const int64_t target = (kTopkSurplus * p.k * n + t.length - 1) / t.length;  // this piece's share of the row's
-  const int64_t parts = t.length / n;  // the pieces of a row share the precision the floor needs
-  const int64_t min_rank = (kTopkMinRank + parts - 1) / parts;
-  const uint32_t floor = topk_sampled_floor(x + t.begin, n, target, min_rank, ws.samples, ws.work);
-  if (t.slot >= 0) {
-    TopkCandidates c = pieces.slot(t.slot, floor);
-    topk_collect(c, x + t.begin, n, uint32_t(t.begin), p.k, ws.work);
-    pieces.count.data[t.slot] = c.count;
-    return;
-  }
-  TopkCandidates c{ws.keys, ws.idx, 0, kTopkCapacity * p.k, floor};
-  topk_collect(c, x, n, 0, p.k, ws.work);
-  if (c.count < p.k) topk_collect_all(c, x, n, p.k, ws.work);
-  topk_finish_row(p, t.row, c, ws);
-}
-
 // Joins the pieces of a split row (in index order) and finishes it.
 inline void topk_merge_split(const TopkTransformParams& p, const TopkTask& t, const TopkSplit& s, TopkPieces& pieces) {
   TopkWorkspace ws(s.pieces * pieces.capacity, p.k);
@@ -408,6 +524,29 @@ inline void topk_merge_split(const TopkTransformParams& p, const TopkTask& t, co
     c.count += n;
   }
   if (c.count < p.k) topk_collect_all(c, p.scores + t.offset, t.length, p.k, ws.work);
+  topk_finish_row(p, t.row, c, ws);
+}
+
+inline void topk_run_task(const TopkTransformParams& p, const TopkTask& t, TopkSplit* splits, TopkPieces& pieces,
+                          TopkWorkspace& ws) {
+  if (t.length <= p.k) return topk_write_row(p, t.row, nullptr, t.length);
+  const float* x = p.scores + t.offset;
+  const int64_t n = t.end - t.begin;
+  const int64_t target = (kTopkSurplus * p.k * n + t.length - 1) / t.length;  // this piece's share of the row's
+  const int64_t parts = t.length / n;  // the pieces of a row share the precision the floor needs
+  const int64_t min_rank = (kTopkMinRank + parts - 1) / parts;
+  const uint32_t floor = topk_sampled_floor(x + t.begin, n, target, min_rank, ws.samples, ws.work);
+  if (t.split >= 0) {
+    TopkCandidates c = pieces.slot(t.slot, floor);
+    topk_collect(c, x + t.begin, n, uint32_t(t.begin), p.k, ws.work);
+    pieces.count.data[t.slot] = c.count;
+    TopkSplit& s = splits[t.split];
+    if (__atomic_sub_fetch(&s.remaining, 1, __ATOMIC_ACQ_REL) == 0) topk_merge_split(p, t, s, pieces);
+    return;
+  }
+  TopkCandidates c{ws.keys, ws.idx, 0, kTopkCapacity * p.k, floor};
+  topk_collect(c, x, n, 0, p.k, ws.work);
+  if (c.count < p.k) topk_collect_all(c, x, n, p.k, ws.work);
   topk_finish_row(p, t.row, c, ws);
 }
 
@@ -424,7 +563,6 @@ inline int64_t topk_first_task(const int64_t* prefix, int64_t tasks, int64_t twi
 
 inline void topk_transform(const TopkTransformParams& p) {
   if (p.rows <= 0) return;
-  const int64_t workers = p.threads > 1 ? p.threads : 1;
   TopkArray<TopkTask> rows(p.rows);
   int64_t long_total = 0;
   for (int64_t r = 0; r < p.rows; ++r) {
@@ -433,10 +571,13 @@ inline void topk_transform(const TopkTransformParams& p) {
     const int64_t room = p.width - start;
     int64_t length = index_at(p.lengths, r);
     length = length < 0 ? 0 : (length > room ? room : length);
-    rows.data[r] = {r, r * p.score_stride + start, length, 0, length, -1};
+    rows.data[r] = {r, r * p.score_stride + start, length, 0, length, -1, -1};
     if (length > p.k) long_total += length;
   }
-  // Rows split into about `workers` pieces of equal work; the rest stay whole.
+  // As many workers as the work keeps busy; rows split into about one piece per worker, the rest stay whole.
+  const int64_t busy = (long_total + p.rows * p.k) / kTopkMinPiece;
+  const int64_t threads = p.threads > 1 ? p.threads : 1;
+  const int64_t workers = busy < threads ? (busy > 1 ? busy : 1) : threads;
   const int64_t share = (long_total + workers - 1) / workers;
   const int64_t piece_len = share > kTopkMinPiece ? share : kTopkMinPiece;
   int64_t num_tasks = 0, num_splits = 0;
@@ -448,32 +589,30 @@ inline void topk_transform(const TopkTransformParams& p) {
   TopkArray<TopkTask> tasks(num_tasks);
   TopkArray<int64_t> prefix(num_tasks + 1);
   TopkArray<TopkSplit> splits(num_splits);
-  int64_t t = 0, s = 0, slots = 0;
+  int64_t t = 0, num_slots = 0;
   prefix.data[0] = 0;
-  for (int64_t r = 0; r < p.rows; ++r) {
+  for (int64_t r = 0, s = 0; r < p.rows; ++r) {
     const TopkTask& row = rows.data[r];
     const int64_t pieces = row.length / piece_len > 1 ? row.length / piece_len : 1;
-    if (pieces > 1) splits.data[s++] = {t, slots, pieces};
+    if (pieces > 1) splits.data[s] = {num_slots, pieces, pieces};
     for (int64_t i = 0; i < pieces; ++i, ++t) {
       tasks.data[t] = row;
       tasks.data[t].begin = row.length * i / pieces;
       tasks.data[t].end = row.length * (i + 1) / pieces;
-      tasks.data[t].slot = pieces > 1 ? slots++ : -1;
+      if (pieces > 1) tasks.data[t].split = s, tasks.data[t].slot = num_slots++;
       const int64_t scanned = row.length > p.k ? tasks.data[t].end - tasks.data[t].begin : 0;
       prefix.data[t + 1] = prefix.data[t] + scanned + p.k;  // every task also writes k outputs
     }
+    s += pieces > 1;
   }
-  TopkPieces pieces(slots, kTopkCapacity * p.k);
+  TopkPieces pieces(num_slots, kTopkCapacity * p.k);
   const int64_t total = prefix.data[num_tasks];
   parallel(workers, 1, [&](int64_t begin, int64_t end) {
     TopkWorkspace ws(kTopkCapacity * p.k, p.k);
     for (int64_t w = begin; w < end; ++w) {
       const int64_t first = topk_first_task(prefix.data, num_tasks, 2 * total * w / workers);
       const int64_t last = topk_first_task(prefix.data, num_tasks, 2 * total * (w + 1) / workers);
-      for (int64_t i = first; i < last; ++i) topk_run_task(p, tasks.data[i], pieces, ws);
+      for (int64_t i = first; i < last; ++i) topk_run_task(p, tasks.data[i], splits.data, pieces, ws);
     }
-  });
-  parallel(num_splits, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) topk_merge_split(p, tasks.data[splits.data[i].task], splits.data[i], pieces);
   });
 }

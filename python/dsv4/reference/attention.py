@@ -2,7 +2,7 @@
 
 Pure torch, float32 math on exactly dequantized cache rows. These functions are the specification
 of ``torch.ops.dsv4.sparse_mla_decode`` and ``sparse_mla_prefill``; the ``*_op`` adapters (argument
-checks + schema argument order) also serve as their CPU kernels for now.
+checks + schema argument order) stand in as their CPU kernels wherever the native ones are not registered.
 
 Per query token and head, over its valid entries J (duplicates count twice):
 ``s_j = sm_scale * <q, k_j>``, ``lse = ln sum_j exp(s_j)``, ``out = sum_j exp(s_j - lse) * k_j[:head_dim_v]``,

@@ -1,0 +1,238 @@
+"""Sparse MLA test inputs (not a test file): FlashMLA-style decode and prefill cases, NaN-poisoned caches, the
+comparison against the reference, and the switch between the default subset and the full grid.
+
+Caches hold real rows only at the slots some valid entry attends; every other byte decodes to NaN, so a kernel
+that reads an entry it must skip (-1, outside the cache, at or past the length) produces NaN and fails.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from conftest import random_pages
+from dsv4.cache import kv_page_bytes
+from dsv4.constants import MODEL1_HEAD_DIM, V32_HEAD_DIM
+from dsv4.reference import attention, quant
+
+FULL_GRID_ENV = "DSV4_FULL_GRID"  # =1 runs the whole grid (as does selecting the slow marker: -m slow)
+LAYOUTS = {MODEL1_HEAD_DIM: "model1", V32_HEAD_DIM: "v32"}
+WRITERS = {MODEL1_HEAD_DIM: quant.model1_write, V32_HEAD_DIM: quant.v32_write}
+NAN_BYTE = 0xFF  # e4m3 code and UE8M0 scale byte that both decode to NaN
+KV_SPREAD = 0.3  # keeps scores O(1) so the softmax weights spread over many entries
+PAD_BYTES = 64  # page stride beyond the page: the kernels must honour stride(0)
+OUT_TOL = 1e-2  # bf16 output, atol and rtol (FlashMLA's and SGLang's tolerance)
+LSE_TOL = 5e-3  # lse and max_logits on finite entries, atol and rtol
+INVALID_FRACTION = 0.2  # entries replaced by -1, a negative id or an id past the cache
+D_V = attention.HEAD_DIM_V
+
+
+def require_full_grid(request) -> None:
+    if os.environ.get(FULL_GRID_ENV) != "1" and "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip(f"full grid: set {FULL_GRID_ENV}=1 or select -m slow")
+
+
+def poisoned_cache(d_qk: int, num_blocks: int, block_size: int, written: torch.Tensor) -> torch.Tensor:
+    """A cache with random rows at the ``written`` slots and NaN everywhere else, padded pages."""
+    cache = random_pages(num_blocks, kv_page_bytes(block_size, LAYOUTS[d_qk]), PAD_BYTES)
+    cache.fill_(NAN_BYTE)
+    slots = torch.unique(written.long())
+    WRITERS[d_qk](cache, slots, block_size, torch.randn(len(slots), d_qk) * KV_SPREAD)
+    return cache
+
+
+def random_indices(shape, capacity: int, dtype: torch.dtype) -> torch.Tensor:
+    """Slot ids in [0, capacity) (duplicates included), about INVALID_FRACTION of them invalid in some way."""
+    idx = torch.randint(0, capacity, shape)
+    kind = torch.rand(shape)
+    idx[kind < INVALID_FRACTION / 2] = -1
+    idx[(kind >= INVALID_FRACTION / 2) & (kind < 3 * INVALID_FRACTION / 4)] = capacity + 3
+    idx[(kind >= 3 * INVALID_FRACTION / 4) & (kind < INVALID_FRACTION)] = -5
+    return idx.to(dtype)
+
+
+def valid_mask(indices: torch.Tensor, capacity: int, lengths: torch.Tensor | None) -> torch.Tensor:
+    valid = (indices >= 0) & (indices < capacity)
+    if lengths is not None:
+        valid &= torch.arange(indices.shape[-1]) < lengths.long().reshape(-1, *[1] * (indices.dim() - 1))
+    return valid
+
+
+@dataclass(frozen=True)
+class DecodeCase:
+    d_qk: int = MODEL1_HEAD_DIM
+    b: int = 2
+    s_q: int = 1
+    h_q: int = 16
+    topk: int = 64
+    page: int = 64
+    extra_topk: int | None = None  # None: no extra cache
+    extra_page: int = 64
+    topk_length: bool = False
+    extra_topk_length: bool = False
+    sink: bool = True
+    index_dtype: torch.dtype = torch.int32
+
+    def __str__(self) -> str:
+        extra = f"+{self.extra_topk}p{self.extra_page}" if self.extra_topk is not None else ""
+        flags = "".join(c for c, on in (("L", self.topk_length), ("E", self.extra_topk_length), ("S", self.sink)) if on)
+        return (f"d{self.d_qk}-b{self.b}-s{self.s_q}-h{self.h_q}-k{self.topk}p{self.page}{extra}-{flags or 'plain'}-"
+                f"{str(self.index_dtype).removeprefix('torch.')}")
+
+
+def lengths_for(b: int, topk: int) -> torch.Tensor:
+    """Per-batch lengths from 0 to past topk (0 and topk + 5 always present when b allows)."""
+    lengths = torch.randint(0, topk + 1, (b,))
+    lengths[0] = topk + 5
+    if b > 1:
+        lengths[1] = 0
+    return lengths.to(torch.int32)
+
+
+def index_set(d_qk: int, b: int, s_q: int, topk: int, page: int, with_length: bool, dtype: torch.dtype):
+    """(cache, indices, lengths) with about 2 * topk distinct slots of capacity; NaN where nothing attends."""
+    num_blocks = max(2, math.ceil(2 * topk / page))
+    capacity = num_blocks * page
+    indices = random_indices((b, s_q, topk), capacity, dtype)
+    lengths = lengths_for(b, topk).to(dtype) if with_length else None
+    written = indices[valid_mask(indices, capacity, lengths)]
+    return poisoned_cache(d_qk, num_blocks, page, written), indices, lengths
+
+
+def decode_inputs(case: DecodeCase) -> dict:
+    """Keyword arguments of dsv4.ops.sparse_mla_decode (and of the reference) for a case."""
+    cache, indices, lengths = index_set(case.d_qk, case.b, case.s_q, case.topk, case.page, case.topk_length,
+                                        case.index_dtype)
+    args = dict(q=(torch.randn(case.b, case.s_q, case.h_q, case.d_qk)).bfloat16(), kv_cache=cache, indices=indices,
+                block_size=case.page, topk_length=lengths, sm_scale=case.d_qk**-0.5)
+    if case.sink:  # finite sinks of both signs plus the two infinities
+        sink = torch.randn(case.h_q) * 2
+        sink[1::5] = math.inf
+        sink[3::5] = -math.inf
+        args["attn_sink"] = sink
+    if case.extra_topk is not None:
+        extra_cache, extra_indices, extra_lengths = index_set(case.d_qk, case.b, case.s_q, case.extra_topk,
+                                                              case.extra_page, case.extra_topk_length,
+                                                              case.index_dtype)
+        args.update(extra_kv_cache=extra_cache, extra_indices=extra_indices, extra_topk_length=extra_lengths,
+                    extra_block_size=case.extra_page)
+    return args
+
+
+def assert_attention_close(out, lse, ref_out, ref_lse, max_logits=None, ref_max_logits=None) -> None:
+    """Outputs within OUT_TOL, lse (and max_logits) within LSE_TOL where finite; exact zeros / infinities where
+    the reference has them (empty queries, +inf sinks)."""
+    assert out.dtype == torch.bfloat16 and out.shape == ref_out.shape
+    assert lse.dtype == torch.float32 and lse.shape == ref_lse.shape and lse.is_contiguous()
+    assert not out.isnan().any() and not lse.isnan().any(), "NaN leaked from an entry that must not be read"
+    torch.testing.assert_close(out.float(), ref_out.float(), atol=OUT_TOL, rtol=OUT_TOL)
+    zero_rows = (ref_out == 0).all(-1)
+    assert (out[zero_rows] == 0).all(), "empty queries and +inf sinks must give exact zeros"
+    pairs = [(lse, ref_lse)] + ([(max_logits, ref_max_logits)] if max_logits is not None else [])
+    for got, want in pairs:
+        assert torch.equal(torch.isinf(got), torch.isinf(want)) and torch.equal(got[got.isinf()], want[want.isinf()])
+        finite = torch.isfinite(want)
+        torch.testing.assert_close(got[finite], want[finite], atol=LSE_TOL, rtol=LSE_TOL)
+
+
+def reference_decode(args: dict):
+    return attention.sparse_mla_decode(**args)
+
+
+def decode_grid() -> list[DecodeCase]:
+    """The FlashMLA-style grid: every (layout, b, s_q, h_q) with the other axes cycled through their values."""
+    topk_pages = [(64, 2), (128, 61), (512, 64), (576, 69), (1024, 256)]
+    extras = [None, (128, 64), (576, 2), (64, 69), (512, 61)]
+    flags = [(False, False, True), (True, False, True), (True, True, False), (False, True, True)]
+    cases = []
+    for d_qk in LAYOUTS:
+        for b in (1, 4, 74):
+            for s_q in (1, 2, 3):
+                for h_q in (1, 16, 64, 128):
+                    i = len(cases)
+                    topk, page = topk_pages[i % len(topk_pages)]
+                    extra = extras[(i // len(topk_pages)) % len(extras)]
+                    topk_length, extra_topk_length, sink = flags[i % len(flags)]
+                    cases.append(DecodeCase(d_qk, b, s_q, h_q, topk, page, extra[0] if extra else None,
+                                            extra[1] if extra else 64, topk_length, extra_topk_length and bool(extra),
+                                            sink, (torch.int32, torch.int64)[i % 2]))
+    return cases
+
+
+# The default run's representative subset: both layouts, both index dtypes, every page size, extra on and off,
+# each length flag, sinks, odd head counts and a topk that is not a multiple of 64.
+DEFAULT_DECODE_CASES = [
+    DecodeCase(MODEL1_HEAD_DIM, b=4, s_q=2, h_q=64, topk=128, page=61, extra_topk=64, extra_page=2, topk_length=True,
+               extra_topk_length=True),
+    DecodeCase(MODEL1_HEAD_DIM, b=1, s_q=1, h_q=128, topk=512, page=256, extra_topk=128, extra_page=64,
+               index_dtype=torch.int64),
+    DecodeCase(MODEL1_HEAD_DIM, b=3, s_q=3, h_q=1, topk=100, page=69, topk_length=True, sink=False),
+    DecodeCase(V32_HEAD_DIM, b=2, s_q=2, h_q=16, topk=576, page=64, topk_length=True, index_dtype=torch.int64),
+    DecodeCase(V32_HEAD_DIM, b=1, s_q=1, h_q=24, topk=37, page=2, extra_topk=64, extra_page=69, extra_topk_length=True),
+]
+
+
+@dataclass(frozen=True)
+class PrefillCase:
+    d_qk: int = MODEL1_HEAD_DIM
+    s_q: int = 4
+    h_q: int = 16
+    s_kv: int = 100
+    topk: int = 64
+    topk_length: bool = False
+    sink: bool = True
+    index_dtype: torch.dtype = torch.int32
+
+    def __str__(self) -> str:
+        flags = "".join(c for c, on in (("L", self.topk_length), ("S", self.sink)) if on)
+        return (f"d{self.d_qk}-s{self.s_q}-h{self.h_q}-kv{self.s_kv}-k{self.topk}-{flags or 'plain'}-"
+                f"{str(self.index_dtype).removeprefix('torch.')}")
+
+
+def prefill_inputs(case: PrefillCase) -> dict:
+    """Keyword arguments of dsv4.ops.sparse_mla_prefill (and of the reference): kv rows that no valid index
+    reads are NaN, and kv is a row-strided view."""
+    indices = random_indices((case.s_q, 1, case.topk), case.s_kv, case.index_dtype)
+    lengths = lengths_for(case.s_q, case.topk).to(case.index_dtype) if case.topk_length else None
+    read = torch.unique(indices[:, 0][valid_mask(indices[:, 0], case.s_kv, lengths)].long())
+    wide = torch.full((case.s_kv, 1, case.d_qk + PAD_BYTES), math.nan).bfloat16()
+    wide[read, :, : case.d_qk] = (torch.randn(len(read), 1, case.d_qk) * KV_SPREAD).bfloat16()
+    args = dict(q=torch.randn(case.s_q, case.h_q, case.d_qk).bfloat16(), kv=wide[..., : case.d_qk], indices=indices,
+                sm_scale=case.d_qk**-0.5, topk_length=lengths)
+    if case.sink:
+        sink = torch.randn(case.h_q) * 2
+        sink[1::5] = math.inf
+        sink[3::5] = -math.inf
+        args["attn_sink"] = sink
+    return args
+
+
+def reference_prefill(args: dict):
+    return attention.sparse_mla_prefill(**args)
+
+
+def prefill_grid() -> list[PrefillCase]:
+    """Every (layout, s_q, h_q) with (topk, s_kv), the flags and the index dtype cycled."""
+    topk_kv = [(64, 100), (128, 1000), (640, 2048), (2048, 4096), (37, 50)]
+    flags = [(False, True), (True, True), (True, False), (False, False)]
+    cases = []
+    for d_qk in LAYOUTS:
+        for s_q in (1, 3, 64):
+            for h_q in (1, 16, 64, 128):
+                i = len(cases)
+                topk, s_kv = topk_kv[i % len(topk_kv)]
+                topk_length, sink = flags[i % len(flags)]
+                index_dtype = (torch.int32, torch.int64)[i % 2]
+                cases.append(PrefillCase(d_qk, s_q, h_q, s_kv, topk, topk_length, sink, index_dtype))
+    return cases
+
+
+DEFAULT_PREFILL_CASES = [
+    PrefillCase(MODEL1_HEAD_DIM, s_q=9, h_q=64, s_kv=700, topk=640, topk_length=True),
+    PrefillCase(V32_HEAD_DIM, s_q=3, h_q=128, s_kv=300, topk=128, index_dtype=torch.int64),
+    PrefillCase(MODEL1_HEAD_DIM, s_q=5, h_q=3, s_kv=40, topk=37, topk_length=True, sink=False),
+]

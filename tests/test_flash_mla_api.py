@@ -1,0 +1,154 @@
+"""dsv4.flash_mla: FlashMLA's signatures, return conventions and schedule-object rules on the dsv4 ops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsv4 import flash_mla, ops
+from dsv4.constants import MODEL1_BYTES_PER_TOKEN, MODEL1_HEAD_DIM, V32_BYTES_PER_TOKEN, V32_HEAD_DIM
+from sparse_mla_cases import D_V, DecodeCase, PrefillCase, decode_inputs, prefill_inputs
+
+ENTRY_BYTES = {MODEL1_HEAD_DIM: MODEL1_BYTES_PER_TOKEN, V32_HEAD_DIM: V32_BYTES_PER_TOKEN}
+
+
+def flashmla_view(cache: torch.Tensor, block_size: int, d_qk: int) -> torch.Tensor:
+    """FlashMLA's [num_blocks, page_block_size, 1, bytes_per_token] view of padded 2-D pages."""
+    entry = ENTRY_BYTES[d_qk]
+    return cache[:, : block_size * entry].view(cache.shape[0], block_size, 1, entry)
+
+
+def flashmla_kwargs(args: dict, d_qk: int = MODEL1_HEAD_DIM) -> dict:
+    """flash_mla_with_kvcache keyword arguments for the decode_inputs of a case."""
+    kwargs = dict(q=args["q"], k_cache=flashmla_view(args["kv_cache"], args["block_size"], d_qk), block_table=None,
+                  cache_seqlens=None, head_dim_v=D_V, softmax_scale=args["sm_scale"], is_fp8_kvcache=True,
+                  indices=args["indices"], attn_sink=args.get("attn_sink"), topk_length=args["topk_length"])
+    if "extra_kv_cache" in args:
+        kwargs.update(extra_k_cache=flashmla_view(args["extra_kv_cache"], args["extra_block_size"], d_qk),
+                      extra_indices_in_kvcache=args["extra_indices"], extra_topk_length=args["extra_topk_length"])
+    return kwargs
+
+
+CASE = DecodeCase(b=3, s_q=2, h_q=16, topk=96, page=61, extra_topk=64, extra_page=2, topk_length=True,
+                  extra_topk_length=True)
+
+
+def test_get_mla_metadata_returns_a_fresh_schedule():
+    sched, splits = flash_mla.get_mla_metadata(torch.zeros(3), 64, 1, anything=True)
+    assert splits is None and isinstance(sched, flash_mla.FlashMLASchedMeta)
+    assert not sched.have_initialized and sched.config is None
+    assert sched.tile_scheduler_metadata is None and sched.num_splits is None
+    assert flash_mla.get_mla_metadata()[0] is not sched
+
+
+@pytest.mark.parametrize("d_qk", [MODEL1_HEAD_DIM, V32_HEAD_DIM])
+def test_decode_matches_the_op(d_qk):
+    args = decode_inputs(DecodeCase(d_qk, b=2, s_q=2, h_q=8, topk=70, page=5, extra_topk=20, extra_page=3,
+                                    topk_length=True))
+    sched, _ = flash_mla.get_mla_metadata()
+    out, lse = flash_mla.flash_mla_with_kvcache(tile_scheduler_metadata=sched, **flashmla_kwargs(args, d_qk))
+    expected = ops.sparse_mla_decode(**args)
+    assert torch.equal(out, expected[0]) and torch.equal(lse, expected[1])
+    assert out.shape == (2, 2, 8, D_V) and lse.shape == (2, 8, 2)
+
+
+def test_default_scale_and_ignored_block_table():
+    args = decode_inputs(DecodeCase(b=2, s_q=1, h_q=4, topk=32, page=8))
+    kwargs = flashmla_kwargs(args)
+    del kwargs["softmax_scale"]
+    kwargs.update(block_table=torch.full((2, 3), 99, dtype=torch.int32), cache_seqlens=torch.tensor([7, 1000]))
+    out, lse = flash_mla.flash_mla_with_kvcache(tile_scheduler_metadata=flash_mla.get_mla_metadata()[0], **kwargs)
+    expected = ops.sparse_mla_decode(**args)  # sm_scale d_qk^-0.5
+    assert torch.equal(out, expected[0]) and torch.equal(lse, expected[1])
+
+
+def test_out_buffer_is_written_and_returned():
+    args = decode_inputs(CASE)
+    buffer = torch.full((3, 2, 16, D_V), 7.0).bfloat16()
+    out, _ = flash_mla.flash_mla_with_kvcache(tile_scheduler_metadata=flash_mla.get_mla_metadata()[0], out=buffer,
+                                              **flashmla_kwargs(args))
+    assert out is buffer and torch.equal(buffer, ops.sparse_mla_decode(**args)[0])
+    with pytest.raises(ValueError, match="out must be bf16"):
+        flash_mla.flash_mla_with_kvcache(tile_scheduler_metadata=flash_mla.get_mla_metadata()[0], out=buffer[:1],
+                                         **flashmla_kwargs(args))
+
+
+def test_schedule_is_planned_on_first_use_and_reused():
+    args = decode_inputs(CASE)
+    sched, _ = flash_mla.get_mla_metadata()
+    first = flash_mla.flash_mla_with_kvcache(tile_scheduler_metadata=sched, **flashmla_kwargs(args))
+    assert sched.have_initialized
+    assert sched.config == flash_mla.FlashMLASchedMeta.Config(b=3, s_q=2, h_q=16, page_block_size=61, h_k=1,
+                                                               causal=False, is_fp8_kvcache=True, topk=96,
+                                                               extra_page_block_size=2, extra_topk=64)
+    args["q"] = torch.randn_like(args["q"].float()).bfloat16()  # new values, same configuration
+    second = flash_mla.flash_mla_with_kvcache(tile_scheduler_metadata=sched, **flashmla_kwargs(args))
+    assert not torch.equal(first[0], second[0])
+
+
+def changed_batch(kwargs):
+    for name in ("q", "indices", "topk_length", "extra_indices_in_kvcache", "extra_topk_length"):
+        kwargs[name] = kwargs[name][:2]
+
+
+def without_extra(kwargs):
+    for name in ("extra_k_cache", "extra_indices_in_kvcache", "extra_topk_length"):
+        kwargs[name] = None
+
+
+MISMATCHES = [
+    ("b", changed_batch),
+    ("h_q", lambda k: k.update(q=k["q"][:, :, :8])),
+    ("topk", lambda k: k.update(indices=k["indices"][..., :64])),
+    ("extra_topk", lambda k: k.update(extra_indices_in_kvcache=k["extra_indices_in_kvcache"][..., :32])),
+    ("extra_page_block_size", without_extra),
+]
+
+
+@pytest.mark.parametrize("field,change", MISMATCHES, ids=[m[0] for m in MISMATCHES])
+def test_schedule_reused_with_another_configuration_raises(field, change):
+    args = decode_inputs(CASE)
+    sched, _ = flash_mla.get_mla_metadata()
+    flash_mla.flash_mla_with_kvcache(tile_scheduler_metadata=sched, **flashmla_kwargs(args))
+    kwargs = flashmla_kwargs(args)
+    change(kwargs)
+    with pytest.raises(flash_mla.ScheduleMismatchError, match=f"planned for {field}=") as info:
+        flash_mla.flash_mla_with_kvcache(tile_scheduler_metadata=sched, **kwargs)
+    assert isinstance(info.value, AssertionError) and isinstance(info.value, ValueError)
+
+
+UNSUPPORTED = [
+    (NotImplementedError, "dense attention", lambda k: k.update(indices=None)),
+    (ValueError, "causal must be False", lambda k: k.update(causal=True)),
+    (ValueError, "is_fp8_kvcache must be True", lambda k: k.update(is_fp8_kvcache=False)),
+    (ValueError, "num_splits must be None", lambda k: k.update(num_splits=torch.zeros(4, dtype=torch.int32))),
+    (TypeError, "FlashMLASchedMeta", lambda k: k.update(tile_scheduler_metadata=torch.zeros(8, 8))),
+    (ValueError, "k_cache must be", lambda k: k.update(k_cache=k["k_cache"].flatten(1))),
+]
+
+
+@pytest.mark.parametrize("error,message,change", UNSUPPORTED, ids=[u[1] for u in UNSUPPORTED])
+def test_unsupported_calls_raise(error, message, change):
+    kwargs = flashmla_kwargs(decode_inputs(CASE))
+    kwargs["tile_scheduler_metadata"] = flash_mla.get_mla_metadata()[0]
+    change(kwargs)
+    with pytest.raises(error, match=message):
+        flash_mla.flash_mla_with_kvcache(**kwargs)
+
+
+def test_argument_errors_come_from_the_op():
+    kwargs = flashmla_kwargs(decode_inputs(CASE))
+    with pytest.raises(RuntimeError, match="dsv4::sparse_mla_decode: argument 'head_dim_v'"):
+        flash_mla.flash_mla_with_kvcache(tile_scheduler_metadata=flash_mla.get_mla_metadata()[0],
+                                         **{**kwargs, "head_dim_v": 576})
+
+
+def test_sparse_fwd_matches_the_op():
+    args = prefill_inputs(PrefillCase(s_q=4, h_q=16, s_kv=90, topk=40, topk_length=True))
+    out, max_logits, lse = flash_mla.flash_mla_sparse_fwd(args["q"], args["kv"], args["indices"], args["sm_scale"],
+                                                          attn_sink=args["attn_sink"], topk_length=args["topk_length"])
+    expected = ops.sparse_mla_prefill(**args)
+    assert all(torch.equal(a, b) for a, b in zip((out, max_logits, lse), expected, strict=True))
+    assert out.shape == (4, 16, D_V) and max_logits.shape == lse.shape == (4, 16)
+    with pytest.raises(RuntimeError, match="dsv4::sparse_mla_prefill: argument 'head_dim_v'"):
+        flash_mla.flash_mla_sparse_fwd(args["q"], args["kv"], args["indices"], args["sm_scale"], d_v=448)
