@@ -78,7 +78,7 @@ inline int64_t split_count(int64_t queries, int64_t columns, int64_t threads) {
 template <class Problem>
 inline void attend_columns(const Problem& pb, int64_t t, int64_t c0, int64_t c1, int64_t hp, const AttentionBuffers& b,
                            const SoftmaxState& s) {
-  reset(s, hp);
+  reset_softmax_state(s, hp);
   const int64_t count = pb.gather(t, c0, c1, b.rows);
   if (count == 0) return;
   for (int64_t i = 0; i < kPrefetchRows && i < count; ++i) prefetch_row(pb.format, b.rows[i], pb.d_qk);
@@ -99,7 +99,7 @@ inline void attend_columns(const Problem& pb, int64_t t, int64_t c0, int64_t c1,
         }
         if (i % 2) interleave_value_pair(key - pb.d_qk, key, b.values + ((k0 + i) / 2) * kValuePairStride);
       }
-      scores(b.keys, pb.d_qk, stage, b.qpack, hp, b.scores + k0 * hp);
+      attention_scores(b.keys, pb.d_qk, stage, b.qpack, hp, b.scores + k0 * hp);
     }
     softmax_step(b.scores, n, rows, hp, pb.scale, s, b.probs);
     accumulate_values(b.probs, rows, b.values, hp, s.acc);

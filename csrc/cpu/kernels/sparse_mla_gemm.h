@@ -8,7 +8,7 @@
 //   acc     fp32 [hp][512]
 // rows is a multiple of kRowBlock; hp (heads padded) a multiple of kHeadBlock.
 
-constexpr int64_t kMaxHeads = 128;
+constexpr int64_t kMaxHeads = 128;  // FlashMLA's limit; buffers are sized for it
 constexpr int64_t kHeadBlock = 16;  // heads per packed query tile
 constexpr int64_t kDimBlock = 32;  // bf16 dims per query tile (one tile-K step)
 constexpr int64_t kRowBlock = 32;  // attended rows per P.V step (one tile-K step)
@@ -62,7 +62,8 @@ inline void configure_attention_tiles() {
   load_tile_config(cfg);
 }
 
-inline void scores(const uint16_t* keys, int64_t d_qk, int64_t rows, const uint16_t* qpack, int64_t hp, float* out) {
+inline void attention_scores(const uint16_t* keys, int64_t d_qk, int64_t rows, const uint16_t* qpack, int64_t hp,
+                             float* out) {
   asm volatile("" : : : "memory");  // tile loads are asm without a memory clobber: flush the staged rows first
   const int64_t groups = hp / kHeadBlock, key_bytes = d_qk * 2, out_bytes = hp * 4;
   for (int64_t g = 0; g < groups; g += 2) {
@@ -157,7 +158,8 @@ inline void scores_block(const uint16_t* keys, int64_t d_qk, const uint16_t* qpa
     for (int j = 0; j < kGroups; ++j) _mm512_storeu_ps(out + r * hp + (g + j) * kHeadBlock, acc[r][j]);
 }
 
-inline void scores(const uint16_t* keys, int64_t d_qk, int64_t rows, const uint16_t* qpack, int64_t hp, float* out) {
+inline void attention_scores(const uint16_t* keys, int64_t d_qk, int64_t rows, const uint16_t* qpack, int64_t hp,
+                             float* out) {
   const int64_t groups = hp / kHeadBlock;
   for (int64_t g = 0; g < groups; g += 2)
     for (int64_t i = 0; i < rows; i += kScoreRows) {
@@ -208,7 +210,8 @@ inline void fma_pairs(__m256 acc[kPairRows][2], const uint16_t* const* a, int64_
   }
 }
 
-inline void scores(const uint16_t* keys, int64_t d_qk, int64_t rows, const uint16_t* qpack, int64_t hp, float* out) {
+inline void attention_scores(const uint16_t* keys, int64_t d_qk, int64_t rows, const uint16_t* qpack, int64_t hp,
+                             float* out) {
   for (int64_t g = 0; g < hp / kHeadBlock; ++g)
     for (int64_t i = 0; i < rows; i += kPairRows) {
       __m256 acc[kPairRows][2] = {};
@@ -248,7 +251,8 @@ inline void accumulate_values(const uint16_t* probs, int64_t rows, const uint16_
 
 #else
 // fp32 products of bf16 pairs; the head / dim loops are innermost so the compiler vectorizes them.
-inline void scores(const uint16_t* keys, int64_t d_qk, int64_t rows, const uint16_t* qpack, int64_t hp, float* out) {
+inline void attention_scores(const uint16_t* keys, int64_t d_qk, int64_t rows, const uint16_t* qpack, int64_t hp,
+                             float* out) {
   for (int64_t n = 0; n < rows; ++n) {
     const uint16_t* key = keys + n * d_qk;
     for (int64_t g = 0; g < hp / kHeadBlock; ++g) {

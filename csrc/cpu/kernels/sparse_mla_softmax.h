@@ -19,7 +19,7 @@ inline SoftmaxState softmax_state(float* floats, int64_t hp) {
   return {floats, floats + hp, floats + 2 * hp, floats + 3 * hp};
 }
 
-inline void reset(const SoftmaxState& s, int64_t hp) {
+inline void reset_softmax_state(const SoftmaxState& s, int64_t hp) {
   for (int64_t h = 0; h < hp; ++h) s.max[h] = -INFINITY, s.sum[h] = 0.0f, s.top[h] = -INFINITY;
   std::memset(s.acc, 0, hp * kValueDim * sizeof(float));
 }
