@@ -26,30 +26,12 @@ inline const uint16_t* e4m3_bf16_table() {
   return table.bits;
 }
 
-#if defined(__AVX512BW__)
-// 32 e4m3 codes -> 32 bf16 (bit-identical to the table): normal codes by exponent rebias, the 8
-// subnormal magnitudes by a 16-bit permute, NaN codes to the table's NaN.
-inline __m512i e4m3x32_to_bf16(__m256i codes) {
-  static const __m512i subnormals = [] {
-    alignas(64) uint16_t lut[32] = {};
-    for (int m = 0; m < 8; ++m) lut[m] = e4m3_bf16_table()[m];
-    return _mm512_load_si512(lut);
-  }();
-  const __m512i c = _mm512_cvtepu8_epi16(codes);
-  const __m512i mag = _mm512_and_si512(c, _mm512_set1_epi16(0x7f));
-  const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(c, _mm512_set1_epi16(0x80)), 8);
-  __m512i v = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(120 << 7));
-  v = _mm512_mask_permutexvar_epi16(v, _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8)), mag, subnormals);
-  v = _mm512_mask_mov_epi16(v, _mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7f)), _mm512_set1_epi16(0x7fc0));
-  return _mm512_or_si512(v, sign);
-}
-#endif
-
 inline void decode_e4m3_row_bf16(const uint8_t* src, int64_t n, uint16_t* dst) {
   int64_t i = 0;
 #if defined(__AVX512BW__)
-  for (; i + 32 <= n; i += 32)
-    _mm512_storeu_si512(dst + i, e4m3x32_to_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+  static const __m512i subnormals = e4m3_subnormal_bf16();
+  const __m512i unit_scale = _mm512_set1_epi16(int16_t((kUe8m0Bias - kE4m3ExponentBias) << kBf16ExponentShift));
+  for (; i + 32 <= n; i += 32) _mm512_storeu_si512(dst + i, e4m3x32_direct(src + i, unit_scale, subnormals));
 #endif
   const uint16_t* table = e4m3_bf16_table();
   for (; i < n; ++i) dst[i] = table[src[i]];

@@ -98,31 +98,6 @@ inline float ue8m0_scale(uint8_t b) {
 // MODEL1 tiles whose scale byte is in [kDirectScaleMin, kDirectScaleMax] decode straight to bf16 bits: every
 // nonzero e4m3 value times the scale is then a normal bf16 (subnormal codes need b >= 10, normal ones b <= 246).
 constexpr int kDirectScaleMin = 10, kDirectScaleMax = 246;
-constexpr int kBf16ExponentShift = 7, kE4m3ToBf16Shift = 4, kE4m3ExponentBias = 7, kUe8m0Bias = 127;
-constexpr int kE4m3SubnormalCodes = 8;  // magnitudes 0-7: zero and the subnormals m * 2^-9
-constexpr uint16_t kBf16Nan = 0x7fc0, kBf16Sign = 0x8000, kE4m3Magnitude = 0x7f;
-
-// bf16 bits of e4m3 magnitudes 0-7 (0, then m * 2^-9) at scale byte 127, in the first 8 of 32 word lanes.
-inline __m512i e4m3_subnormal_bf16() {
-  alignas(64) uint16_t table[32] = {};
-  for (int m = 1; m < kE4m3SubnormalCodes; ++m) table[m] = f32_to_bf16(std::ldexp(float(m), -9));
-  return _mm512_load_si512(table);
-}
-
-// 32 e4m3 codes times 2^(b - 127) as bf16: normal codes by moving their bits (the exponent rebased by
-// bias = (b - 7) << 7), zero and subnormals from the small table rebased by (b - 127) << 7, NaN kept.
-inline __m512i e4m3x32_direct(const uint8_t* codes, __m512i bias, __m512i subnormals) {
-  const __m512i x = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes)));
-  const __m512i magnitude = _mm512_and_si512(x, _mm512_set1_epi16(kE4m3Magnitude));
-  __m512i bits = _mm512_add_epi16(_mm512_slli_epi16(magnitude, kE4m3ToBf16Shift), bias);
-  const __mmask32 small = _mm512_cmplt_epu16_mask(magnitude, _mm512_set1_epi16(kE4m3SubnormalCodes));
-  bits = _mm512_mask_permutexvar_epi16(bits, small, magnitude, subnormals);
-  const __mmask32 nan = _mm512_cmpeq_epi16_mask(magnitude, _mm512_set1_epi16(kE4m3Magnitude));
-  bits = _mm512_mask_mov_epi16(bits, nan, _mm512_set1_epi16(int16_t(kBf16Nan)));
-  constexpr int kOrAnd = 0xf8;  // a | (b & c)
-  return _mm512_ternarylogic_epi32(bits, x, _mm512_set1_epi16(int16_t(kBf16Sign)), kOrAnd);
-}
-
 inline void stage_model1_tile(const uint8_t* codes, uint8_t scale_byte, uint16_t* dst) {
   if (scale_byte < kDirectScaleMin || scale_byte > kDirectScaleMax) {
     stage_e4m3_tile(codes, kModel1Tile, ue8m0_scale(scale_byte), dst);
