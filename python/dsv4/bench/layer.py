@@ -15,12 +15,14 @@ import torch
 from .. import ops
 from ..attention_step import COMPRESSED_GROUP
 from ..cache_manager import CacheGroup, ScheduledBatch
+from ..compat import vllm_cpu
 from ..config import V4_FLASH
 from ..constants import C4_RATIO, C128_RATIO, INDEXER_HEAD_DIM, MODEL1_BYTES_PER_TOKEN, MODEL1_HEAD_DIM, SWA_BLOCK_SIZE
 from ..metadata import LayerType
 from ..reference.layer import dense_attention
 from ..stack import AttentionStack
 from . import Case
+from .peer_ops import layer_ops, peer_ops
 
 
 def _fill_entries(stack: AttentionStack, group: CacheGroup, requests: list[int], count: int, entries_per_page: int,
@@ -69,6 +71,15 @@ def _flops(stack: AttentionStack, index: int, tokens: int, entries: int) -> int:
     return 2 * tokens * weights + 4 * tokens * config.num_attention_heads * config.head_dim * entries
 
 
+def run_decode(stack: AttentionStack, index: int, hidden: torch.Tensor, step, module) -> None:
+    """One decode step of a layer with dsv4's ops, or with each op replaced by the vLLM peer's (``module``)."""
+    if module is vllm_cpu:
+        stack.run_layer(index, hidden, step)
+        return
+    with layer_ops(peer_ops(module)):
+        stack.run_layer(index, hidden, step)
+
+
 def cases(quick: bool = False) -> list[Case]:
     batch, context, prompt = (2, 640, 128) if quick else (8, 4096, 1024)
     config = replace(V4_FLASH, name="DSv4-Flash layers", compress_ratios=(0, 4, 128))
@@ -90,8 +101,8 @@ def cases(quick: bool = False) -> list[Case]:
             f"layer {kind}", f"decode B={batch} ctx={context}",
             bytes_moved=weights + batch * entries * MODEL1_BYTES_PER_TOKEN,
             flops=_flops(stack, index, batch, entries),
-            run=lambda m, i=index: stack.run_layer(i, decode_input, decode_step),
-            reference=None, on_peer=False))
+            run=lambda m, i=index: run_decode(stack, i, decode_input, decode_step, m),
+            reference=None))
         entries = config.sliding_window + _compressed_attended(layer.layer_type, prompt, config.index_topk)
         results.append(Case(
             f"layer {kind}", f"prefill T={prompt}",
