@@ -1,5 +1,6 @@
 """torch.compile(fullgraph=True) and meta-device tracing through the typed wrappers."""
 
+import pytest
 import torch
 
 from conftest import rope_table
@@ -54,3 +55,14 @@ def test_meta_device_shapes():
     assert rows.shape == (5, 512) and rows.dtype == torch.bfloat16
     assert global_slots.shape == (5, 1) and global_slots.dtype == torch.int64
     assert o.shape == (5, 8, 512) and o.dtype == torch.float32
+
+
+@pytest.mark.parametrize("moved", ["swa_cache", "positions", "q"])
+def test_mixed_devices_are_rejected(moved):
+    """A tensor on another device than the rest is a clean error naming the op and the argument."""
+    inputs = make_inputs()
+    inputs[moved] = inputs[moved].to("meta")
+    names = {"swa_cache": "kv_cache", "positions": "positions", "q": "kv"}  # the schema name reported
+    with pytest.raises(RuntimeError, match=f"dsv4::qnorm_rope_kv_insert: argument '{names[moved]}' must be on the same"):
+        ops.qnorm_rope_kv_insert(inputs["q"], inputs["kv"], inputs["positions"], inputs["rope"], inputs["slots"],
+                                 inputs["swa_cache"], BLOCK)
