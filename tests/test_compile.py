@@ -63,6 +63,7 @@ def test_mixed_devices_are_rejected(moved):
     inputs = make_inputs()
     inputs[moved] = inputs[moved].to("meta")
     names = {"swa_cache": "kv_cache", "positions": "positions", "q": "kv"}  # the schema name reported
-    with pytest.raises(RuntimeError, match=f"dsv4::qnorm_rope_kv_insert: argument '{names[moved]}' must be on the same"):
+    message = f"dsv4::qnorm_rope_kv_insert: argument '{names[moved]}' must be on the same device"
+    with pytest.raises(RuntimeError, match=message):
         ops.qnorm_rope_kv_insert(inputs["q"], inputs["kv"], inputs["positions"], inputs["rope"], inputs["slots"],
                                  inputs["swa_cache"], BLOCK)

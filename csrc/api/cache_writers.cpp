@@ -9,12 +9,7 @@
 namespace dsv4::api {
 namespace {
 
-constexpr int64_t kModel1HeadDim = 512, kModel1BytesPerEntry = 584;
-constexpr int64_t kV32HeadDim = 576, kV32BytesPerEntry = 656;
-constexpr int64_t kIndexerHeadDim = 128, kIndexerBytesPerEntry = 132;
 constexpr int64_t kRopeDim = 64;
-
-int64_t bytes_per_entry(KvLayout layout) { return layout == KvLayout::model1 ? kModel1BytesPerEntry : kV32BytesPerEntry; }
 
 // `a` names the argument that carries the head dim (kv's last dimension, or head_dim itself).
 KvLayout layout_for_head_dim(Arg a, int64_t head_dim) {

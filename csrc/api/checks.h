@@ -20,6 +20,18 @@ using torch::stable::Tensor;
 
 #define DSV4_CHECK(cond, op, ...) STD_TORCH_CHECK((cond), "dsv4::", op, ": ", __VA_ARGS__)
 
+// Cache entry geometry shared by the writers and the readers: head dim and bytes per cache entry.
+constexpr int64_t kModel1HeadDim = 512, kModel1BytesPerEntry = 584;
+constexpr int64_t kV32HeadDim = 576, kV32BytesPerEntry = 656;
+constexpr int64_t kIndexerHeadDim = 128, kIndexerBytesPerEntry = 132;
+
+inline int64_t bytes_per_entry(KvLayout layout) {
+  return layout == KvLayout::model1 ? kModel1BytesPerEntry : kV32BytesPerEntry;
+}
+
+// Top-k widths the selection kernels support (topk_transform, fp8_paged_mqa_topk).
+inline bool supported_topk(int64_t k) { return k == 512 || k == 1024 || k == 2048; }
+
 // Describes one argument in messages: "argument 'name' of dsv4::op".
 struct Arg {
   const char* op;

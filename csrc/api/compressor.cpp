@@ -7,8 +7,6 @@
 namespace dsv4::api {
 namespace {
 
-constexpr int64_t kMainHeadDim = 512, kIndexerHeadDim = 128;
-constexpr int64_t kModel1BytesPerEntry = 584, kIndexerBytesPerEntry = 132;
 constexpr int64_t kRopeDim = 64;
 
 // fp32 state cache [num_blocks, block_size, 2 * width]; rows contiguous, block and row strides free.
@@ -102,7 +100,7 @@ void compress_common(const char* op, int64_t head_dim, int64_t bytes_per_entry, 
 void compress_norm_rope_store(Tensor state, Tensor gather_slots, Tensor positions, Tensor kv_slot_mapping,
                               Tensor norm_weight, double eps, Tensor cos_sin_cache, Tensor kv_cache, int64_t block_size,
                               int64_t ratio) {
-  compress_common("compress_norm_rope_store", kMainHeadDim, kModel1BytesPerEntry, state, gather_slots, positions,
+  compress_common("compress_norm_rope_store", kModel1HeadDim, kModel1BytesPerEntry, state, gather_slots, positions,
                   kv_slot_mapping, norm_weight, eps, cos_sin_cache, kv_cache, block_size, ratio);
 }
 

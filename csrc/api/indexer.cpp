@@ -9,7 +9,6 @@
 namespace dsv4::api {
 namespace {
 
-constexpr int64_t kPagedHeadDim = 128, kIndexerBytesPerEntry = 132;
 constexpr int64_t kMaxHeads = 128, kMaxHeadDim = 256, kHeadDimMultiple = 32;
 
 void check_heads(const char* op, const Tensor& q, int64_t head_axis) {
@@ -33,10 +32,10 @@ Tensor fp8_paged_mqa_logits(Tensor q, Tensor kv_cache, Tensor weights, Tensor co
                             {"block_table", &block_table}});
   check_dtype({op, "q"}, q, {ScalarType::Float8_e4m3fn});
   check_dim({op, "q"}, q, 4);
-  check_size({op, "q"}, q, 3, kPagedHeadDim);
+  check_size({op, "q"}, q, 3, kIndexerHeadDim);
   check_heads(op, q, 2);
   PagedMqaLogitsParams p;
-  p.batch = q.size(0), p.next_n = q.size(1), p.num_heads = q.size(2), p.head_dim = kPagedHeadDim;
+  p.batch = q.size(0), p.next_n = q.size(1), p.num_heads = q.size(2), p.head_dim = kIndexerHeadDim;
   p.cache = paged_cache({op, "kv_cache"}, kv_cache, block_size, kIndexerBytesPerEntry);
   check_weights(op, weights, p.batch * p.next_n, p.num_heads);
   check_dtype({op, "context_lens"}, context_lens, {ScalarType::Int, ScalarType::Long});
@@ -108,10 +107,10 @@ void fp8_paged_mqa_topk(Tensor q, Tensor kv_cache, Tensor weights, Tensor length
                             {"topk_indices", &topk_indices}});
   check_dtype({op, "q"}, q, {ScalarType::Float8_e4m3fn});
   check_dim({op, "q"}, q, 3);
-  check_size({op, "q"}, q, 2, kPagedHeadDim);
+  check_size({op, "q"}, q, 2, kIndexerHeadDim);
   check_heads(op, q, 1);
   PagedMqaTopkParams p;
-  p.rows = q.size(0), p.num_heads = q.size(1), p.head_dim = kPagedHeadDim;
+  p.rows = q.size(0), p.num_heads = q.size(1), p.head_dim = kIndexerHeadDim;
   p.cache = paged_cache({op, "kv_cache"}, kv_cache, block_size, kIndexerBytesPerEntry);
   check_weights(op, weights, p.rows, p.num_heads);
   p.lengths = index_view({op, "lengths"}, lengths, 1);
@@ -126,7 +125,7 @@ void fp8_paged_mqa_topk(Tensor q, Tensor kv_cache, Tensor weights, Tensor length
   check_size({op, "topk_indices"}, topk_indices, 0, p.rows);
   check_last_dim_contiguous({op, "topk_indices"}, topk_indices);
   p.k = topk_indices.size(1);
-  DSV4_CHECK(p.k == 512 || p.k == 1024 || p.k == 2048, op, "argument 'topk_indices' must have 512, 1024 or 2048 columns (k), got ",
+  DSV4_CHECK(supported_topk(p.k), op, "argument 'topk_indices' must have 512, 1024 or 2048 columns (k), got ",
              p.k);
   const Tensor q_rows = torch::stable::contiguous(q);
   p.q = static_cast<const uint8_t*>(q_rows.const_data_ptr());

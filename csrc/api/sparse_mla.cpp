@@ -10,8 +10,7 @@
 namespace dsv4::api {
 namespace {
 
-constexpr int64_t kModel1HeadDim = 512, kV32HeadDim = 576, kHeadDimV = 512, kMaxHeads = 128;
-constexpr int64_t kModel1BytesPerEntry = 584, kV32BytesPerEntry = 656;
+constexpr int64_t kHeadDimV = 512, kMaxHeads = 128;
 
 void check_query(const char* op, const Tensor& q, int64_t rank, int64_t head_dim_v) {
   check_dtype({op, "q"}, q, {ScalarType::BFloat16});
@@ -85,7 +84,7 @@ std::tuple<Tensor, Tensor> sparse_mla_decode(Tensor q, Tensor kv_cache, Tensor i
   SparseMlaDecodeParams p;
   p.b = q.size(0), p.s_q = q.size(1), p.h_q = q.size(2), p.d_qk = q.size(3);
   p.layout = p.d_qk == kModel1HeadDim ? KvLayout::model1 : KvLayout::v32;
-  const int64_t entry_bytes = p.d_qk == kModel1HeadDim ? kModel1BytesPerEntry : kV32BytesPerEntry;
+  const int64_t entry_bytes = bytes_per_entry(p.layout);
   const PagedCache cache = paged_cache({op, "kv_cache"}, kv_cache, block_size, entry_bytes);
   check_indices({op, "indices"}, indices, p.b, p.s_q, 1);
   p.main = index_set(indices, optional_lengths({op, "topk_length"}, topk_length, p.b), cache);

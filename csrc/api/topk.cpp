@@ -10,14 +10,6 @@
 namespace dsv4::api {
 namespace {
 
-constexpr int64_t kTopkSizes[] = {512, 1024, 2048};
-
-bool supported_k(int64_t k) {
-  for (int64_t s : kTopkSizes)
-    if (k == s) return true;
-  return false;
-}
-
 void topk_transform(Tensor scores, Tensor lengths, std::optional<Tensor> row_starts, std::optional<Tensor> page_table,
                     int64_t page_size, Tensor raw_indices, std::optional<Tensor> slot_indices) {
   const char* op = "topk_transform";
@@ -41,7 +33,7 @@ void topk_transform(Tensor scores, Tensor lengths, std::optional<Tensor> row_sta
   check_dim({op, "raw_indices"}, raw_indices, 2);
   check_size({op, "raw_indices"}, raw_indices, 0, p.rows);
   p.k = raw_indices.size(1);
-  DSV4_CHECK(supported_k(p.k), op, "argument 'raw_indices' must select k in (512, 1024, 2048), got ", p.k);
+  DSV4_CHECK(supported_topk(p.k), op, "argument 'raw_indices' must select k in (512, 1024, 2048), got ", p.k);
   if (!page_table) {
     DSV4_CHECK(!slot_indices, op, "argument 'slot_indices' must be None without a page_table, got a tensor");
   } else {

@@ -149,12 +149,16 @@ inline int64_t index_entry(const void* indices, bool is_int64, int64_t i) {
   return is_int64 ? static_cast<const int64_t*>(indices)[i] : static_cast<const int32_t*>(indices)[i];
 }
 
-// Candidate columns of one index set for batch b: topk, cut by the set's length when given.
+// Candidate columns of row `row` of an index tensor with `topk` columns: topk, cut by lengths[row] when given.
+inline int64_t length_columns(const IndexView& lengths, int64_t row, int64_t topk) {
+  if (!lengths.data) return topk;
+  const int64_t length = index_at(lengths, row);
+  return length < 0 ? 0 : (length < topk ? length : topk);
+}
+
+// Candidate columns of one index set for batch b.
 inline int64_t set_columns(const SparseIndexSet& set, int64_t b) {
-  if (!set.indices) return 0;
-  if (!set.lengths.data) return set.topk;
-  const int64_t length = index_at(set.lengths, b);
-  return length < 0 ? 0 : (length < set.topk ? length : set.topk);
+  return set.indices ? length_columns(set.lengths, b, set.topk) : 0;
 }
 
 // Valid rows of columns [c0, c1) of one set for query (b, s).
@@ -202,11 +206,7 @@ struct PrefillProblem {
         threads(params.threads), max_columns(params.topk), scale(params.sm_scale) {}
 
   const uint16_t* query(int64_t t) const { return p.q + t * p.q_stride_s; }
-  int64_t columns(int64_t t) const {
-    if (!p.topk_length.data) return p.topk;
-    const int64_t length = index_at(p.topk_length, t);
-    return length < 0 ? 0 : (length < p.topk ? length : p.topk);
-  }
+  int64_t columns(int64_t t) const { return length_columns(p.topk_length, t, p.topk); }
   int64_t gather(int64_t t, int64_t c0, int64_t c1, AttendedRow* rows) const {
     int64_t count = 0;
     for (int64_t c = c0; c < c1; ++c) {
