@@ -73,4 +73,7 @@ def test_bad_inputs():
     assert_rejects(op, {**args, "row_requests": rows + 5}, "argument 'row_requests' entry 0 is 5")
     assert_rejects(op, {**args, "topk_indices": torch.empty(3, 100, dtype=torch.int32)}, "512, 1024 or 2048 columns")
     assert_rejects(op, {**args, "lengths": lengths[:2]}, "argument 'lengths' must have size 3")
+    beyond = lengths.clone()
+    beyond[1] = max(table.shape[1] * bs, 512) + 1  # scored (> k) and past what the table addresses
+    assert_rejects(op, {**args, "lengths": beyond}, "argument 'lengths' entry 1 is .* block_table can address")
     assert_rejects(op, {**args, "q": q.float()}, "argument 'q' must have dtype")

@@ -38,6 +38,7 @@ void check_contiguous(Arg a, const Tensor& t) {
 
 void check_same_device(const char* op, const Tensor& ref, std::initializer_list<std::pair<const char*, const Tensor*>> others) {
   for (const auto& [name, t] : others) {
+    if (!t) continue;  // an absent optional argument
     DSV4_CHECK(t->get_device() == ref.get_device() && t->is_cpu() == ref.is_cpu() && t->is_cuda() == ref.is_cuda(), op,
                "argument '", name, "' must be on the same device as the other tensors");
   }

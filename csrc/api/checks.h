@@ -44,7 +44,9 @@ void check_dim(Arg a, const Tensor& t, int64_t dim);
 void check_size(Arg a, const Tensor& t, int64_t d, int64_t expected);
 void check_last_dim_contiguous(Arg a, const Tensor& t);
 void check_contiguous(Arg a, const Tensor& t);
+// Null entries (absent optional arguments, see `present`) are skipped.
 void check_same_device(const char* op, const Tensor& ref, std::initializer_list<std::pair<const char*, const Tensor*>> others);
+inline const Tensor* present(const std::optional<Tensor>& t) { return t ? &*t : nullptr; }
 void check_positive(Arg a, int64_t value);
 
 DType float_dtype(Arg a, const Tensor& t);  // bf16 / f16 / f32

@@ -127,6 +127,13 @@ void fp8_paged_mqa_topk(Tensor q, Tensor kv_cache, Tensor weights, Tensor length
   p.k = topk_indices.size(1);
   DSV4_CHECK(supported_topk(p.k), op, "argument 'topk_indices' must have 512, 1024 or 2048 columns (k), got ",
              p.k);
+  // Rows longer than k are scored into a per-thread buffer: bound them by what the caller's table addresses.
+  const int64_t coverage = p.max_blocks * block_size;
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const int64_t len = index_value(p.lengths, r);
+    DSV4_CHECK(len <= p.k || len <= coverage, op, "argument 'lengths' entry ", r, " is ", len, ", more than the ",
+               coverage, " entries block_table can address");
+  }
   const Tensor q_rows = torch::stable::contiguous(q);
   p.q = static_cast<const uint8_t*>(q_rows.const_data_ptr());
   p.weights = static_cast<const float*>(weights.const_data_ptr());

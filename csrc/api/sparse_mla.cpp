@@ -50,10 +50,6 @@ std::optional<Tensor> checked_sink(const char* op, const std::optional<Tensor>& 
   return torch::stable::contiguous(*sink);
 }
 
-void check_optional_device(const char* op, const Tensor& ref, const char* name, const std::optional<Tensor>& t) {
-  if (t) check_same_device(op, ref, {{name, &*t}});
-}
-
 SparseIndexSet index_set(const Tensor& indices, std::optional<IndexView> lengths, const PagedCache& cache) {
   SparseIndexSet s;
   s.indices = indices.const_data_ptr();
@@ -74,12 +70,10 @@ std::tuple<Tensor, Tensor> sparse_mla_decode(Tensor q, Tensor kv_cache, Tensor i
                                              std::optional<Tensor> tile_scheduler_metadata,
                                              std::optional<Tensor> num_splits) {
   const char* op = "sparse_mla_decode";
-  check_same_device(op, q, {{"kv_cache", &kv_cache}, {"indices", &indices}});
-  check_optional_device(op, q, "topk_length", topk_length);
-  check_optional_device(op, q, "attn_sink", attn_sink);
-  check_optional_device(op, q, "extra_kv_cache", extra_kv_cache);
-  check_optional_device(op, q, "extra_indices", extra_indices);
-  check_optional_device(op, q, "extra_topk_length", extra_topk_length);
+  check_same_device(op, q, {{"kv_cache", &kv_cache}, {"indices", &indices}, {"topk_length", present(topk_length)},
+                            {"attn_sink", present(attn_sink)}, {"extra_kv_cache", present(extra_kv_cache)},
+                            {"extra_indices", present(extra_indices)},
+                            {"extra_topk_length", present(extra_topk_length)}});
   check_query(op, q, 4, head_dim_v);
   SparseMlaDecodeParams p;
   p.b = q.size(0), p.s_q = q.size(1), p.h_q = q.size(2), p.d_qk = q.size(3);
@@ -119,9 +113,8 @@ std::tuple<Tensor, Tensor, Tensor> sparse_mla_prefill(Tensor q, Tensor kv, Tenso
                                                       int64_t head_dim_v, std::optional<Tensor> attn_sink,
                                                       std::optional<Tensor> topk_length) {
   const char* op = "sparse_mla_prefill";
-  check_same_device(op, q, {{"kv", &kv}, {"indices", &indices}});
-  check_optional_device(op, q, "attn_sink", attn_sink);
-  check_optional_device(op, q, "topk_length", topk_length);
+  check_same_device(op, q, {{"kv", &kv}, {"indices", &indices}, {"attn_sink", present(attn_sink)},
+                            {"topk_length", present(topk_length)}});
   check_query(op, q, 3, head_dim_v);
   SparseMlaPrefillParams p;
   p.s_q = q.size(0), p.h_q = q.size(1), p.d_qk = q.size(2);

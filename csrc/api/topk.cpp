@@ -47,9 +47,8 @@ void topk_transform(Tensor scores, Tensor lengths, std::optional<Tensor> row_sta
     p.slots = static_cast<int32_t*>(slot_indices->data_ptr());
     p.slot_stride = slot_indices->stride(0), p.slot_col_stride = slot_indices->stride(1);
   }
-  check_same_device(op, scores, {{"lengths", &lengths}, {"raw_indices", &raw_indices}});
-  if (row_starts) check_same_device(op, scores, {{"row_starts", &*row_starts}});
-  if (page_table) check_same_device(op, scores, {{"page_table", &*page_table}, {"slot_indices", &*slot_indices}});
+  check_same_device(op, scores, {{"lengths", &lengths}, {"raw_indices", &raw_indices}, {"row_starts", present(row_starts)},
+                                 {"page_table", present(page_table)}, {"slot_indices", present(slot_indices)}});
   p.scores = static_cast<const float*>(scores.const_data_ptr());
   p.raw = static_cast<int32_t*>(raw_indices.data_ptr());
   p.raw_stride = raw_indices.stride(0), p.raw_col_stride = raw_indices.stride(1);

@@ -58,13 +58,11 @@ def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_kv: int, num
     ends = torch.cumsum(segments, 0)
     starts = ends - segments
     total = int(ends[-1]) if lens.numel() else 0
-    meta = torch.zeros(num_sms + 1, 2, dtype=torch.int32)
-    for s in range(num_sms + 1):
-        first = total * s // num_sms
-        row = int(torch.searchsorted(ends, torch.tensor(first), right=True)) if lens.numel() else 0
-        meta[s, 0] = row
-        meta[s, 1] = first - int(starts[row]) if row < lens.numel() else 0
-    return meta.to(context_lens.device)
+    firsts = torch.arange(num_sms + 1) * total // num_sms  # segment where worker s starts
+    rows = torch.searchsorted(ends, firsts, right=True)
+    # A worker past the last row starts at segment `total`: its offset is 0.
+    offsets = firsts - torch.cat([starts, torch.tensor([total])])[rows]
+    return torch.stack([rows, offsets], dim=1).to(torch.int32).to(context_lens.device)
 
 
 def fp8_paged_mqa_logits(

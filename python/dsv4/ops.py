@@ -343,10 +343,9 @@ def sparse_mla_prefill(
 # ---------------------------------------------------------------------------------------------
 
 
-def _check_same_device(op: str, args: tuple, kwargs: dict) -> None:
+def _check_same_device(op: str, arg_names: tuple[str, ...], args: tuple, kwargs: dict) -> None:
     """Fake kernels enforce what the real ones do: every tensor argument on one device."""
-    schema = getattr(_ops, op).default._schema
-    named = dict(zip((a.name for a in schema.arguments), args, strict=False))
+    named = dict(zip(arg_names, args, strict=False))
     named.update(kwargs)
     tensors = [(name, value) for name, value in named.items() if isinstance(value, torch.Tensor)]
     for name, value in tensors[1:]:
@@ -360,9 +359,11 @@ def _check_same_device(op: str, args: tuple, kwargs: dict) -> None:
 def _fake(op: str):
     """Registers ``fn`` as the fake kernel of dsv4::op, behind the device check."""
 
+    arg_names = tuple(a.name for a in getattr(_ops, op).default._schema.arguments)
+
     def register(fn):
         def fake(*args, **kwargs):
-            _check_same_device(op, args, kwargs)
+            _check_same_device(op, arg_names, args, kwargs)
             return fn(*args, **kwargs)
 
         torch.library.register_fake(f"dsv4::{op}")(fake)

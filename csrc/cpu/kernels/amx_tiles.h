@@ -16,12 +16,15 @@ inline void load_tile_config(const TileConfig& cfg) {
   _tile_loadconfig(&cfg);
 }
 
-// Tiles 0 (C: 16 x 16 fp32), 1 (A: 16 x 32 bf16) and 2 (B: 16 bf16 pairs x 16 columns), 64 bytes per row.
-inline void configure_bf16_16x16_tiles() {
+// Tiles 0 .. count-1 as full 16 rows x 64 bytes (16 fp32 or 32 bf16 per row).
+inline void configure_full_tiles(int count) {
   TileConfig cfg{};
   cfg.palette_id = 1;
-  for (int t = 0; t < 3; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  for (int t = 0; t < count; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
   load_tile_config(cfg);
 }
+
+// Tiles 0 (C: 16 x 16 fp32), 1 (A: 16 x 32 bf16) and 2 (B: 16 bf16 pairs x 16 columns).
+inline void configure_bf16_16x16_tiles() { configure_full_tiles(3); }
 
 #endif

@@ -40,7 +40,7 @@ inline void compress_norm_rope_store(const CompressNormRopeStoreParams& p) {
         const float* row = state_row(p.state, index_at(p.gather_slots, t, w));
         if (row) kv_rows[num_rows++] = row + (w / p.ratio) * dim;
       }
-      const bool any = num_rows > 0;
+      if (num_rows == 0) continue;  // no state row to pool: nothing is written
       for (int64_t d = 0; d < dim; ++d) acc[d] = 0.0f, denom[d] = 0.0f, run_max[d] = -INFINITY;
       for (int64_t r = 0; r < num_rows; ++r) {
         const float* score = kv_rows[r] + width;
@@ -63,7 +63,6 @@ inline void compress_norm_rope_store(const CompressNormRopeStoreParams& p) {
           denom[d] += weight;
         }
       }
-      if (!any) continue;  // no state row to pool: nothing is written
       for (int64_t d = 0; d < dim; ++d) acc[d] /= denom[d];
       const float inv_rms = 1.0f / std::sqrt(sum_squares(acc, dim) / float(dim) + p.eps);
       for (int64_t d = 0; d < dim; ++d) acc[d] = acc[d] * inv_rms * p.norm_weight[d];

@@ -16,12 +16,12 @@ inline void fp8_paged_mqa_topk(const PagedMqaTopkParams& p) {
     for (int64_t block = begin; block < end; ++block) {
       const int64_t r0 = block * kLogitsRowBlock;
       const int64_t r1 = r0 + kLogitsRowBlock < p.rows ? r0 + kLogitsRowBlock : p.rows;
-      int64_t lens[kLogitsRowBlock], width = 1;
+      int64_t lens[kLogitsRowBlock], width = p.k;  // >= every unscored row's length: top-k clamps lengths to it
       bool prepared[kLogitsRowBlock] = {};
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t len = index_at(p.lengths, r);
         lens[r - r0] = len > 0 ? len : 0;
-        width = lens[r - r0] > width ? lens[r - r0] : width;
+        if (lens[r - r0] > p.k) width = lens[r - r0] > width ? lens[r - r0] : width;  // only scored rows use it
       }
       if (capacity < kLogitsRowBlock * width) {
         delete[] logits;

@@ -53,14 +53,8 @@ inline void pack_query(const uint16_t* q, int64_t q_stride_h, int64_t heads, int
 }
 
 #if defined(__AMX_BF16__)
-// Tiles 0-3 accumulate a 2x2 block of 16x16 fp32 outputs, 4-5 hold A, 6-7 hold B; all 16 rows x 64 bytes.
-inline void configure_attention_tiles() {
-  constexpr int kTiles = 8, kRows = 16, kRowBytes = 64;
-  TileConfig cfg{};
-  cfg.palette_id = 1;
-  for (int t = 0; t < kTiles; ++t) cfg.rows[t] = kRows, cfg.colsb[t] = kRowBytes;
-  load_tile_config(cfg);
-}
+// Tiles 0-3 accumulate a 2x2 block of 16x16 fp32 outputs, 4-5 hold A, 6-7 hold B.
+inline void configure_attention_tiles() { configure_full_tiles(8); }
 
 inline void attention_scores(const uint16_t* keys, int64_t d_qk, int64_t rows, const uint16_t* qpack, int64_t hp,
                              float* out) {

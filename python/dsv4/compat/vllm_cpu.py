@@ -160,9 +160,9 @@ def topk_transform_512_cpu(
     libraries clamp). The selected set is vLLM's; the order (score descending, ties by lower index)
     is dsv4's.
     """
-    raw = out_raw_indices if out_raw_indices is not None else torch.empty_like(out_page_indices)
-    torch.ops.dsv4.topk_transform(scores, seq_lens, None, page_tables, page_size, raw[:, :VLLM_TOPK],
-                                  out_page_indices[:, :VLLM_TOPK])
+    slots = out_page_indices[:, :VLLM_TOPK]
+    raw = out_raw_indices[:, :VLLM_TOPK] if out_raw_indices is not None else torch.empty_like(slots)
+    torch.ops.dsv4.topk_transform(scores, seq_lens, None, page_tables, page_size, raw, slots)
 
 
 # ---------------------------------------------------------------------------------------------
