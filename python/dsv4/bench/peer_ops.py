@@ -15,15 +15,13 @@ import torch
 from .. import layer as layer_module
 from .. import ops
 from ..reference import writers as ref_writers
+from ..reference.quant import cache_pages as pages
 
 VLLM_TOPK = 512
 
 
 def peer_ops(peer) -> SimpleNamespace:
     """A drop-in for the ``dsv4.ops`` names the layer's decode step calls, backed by ``peer`` (torch.ops._C)."""
-
-    def pages(cache: torch.Tensor) -> torch.Tensor:
-        return cache.view(cache.shape[0], -1)
 
     def qnorm_rope_kv_insert(q, kv, positions, cos_sin_cache, slot_mapping, kv_cache, block_size, eps=1e-6, **_):
         return peer.fused_qnorm_rope_kv_insert_cpu(q, kv, positions.long(), pages(kv_cache), slot_mapping.long(),
