@@ -1,7 +1,8 @@
 """Builds dsv4's native modules with CMake + Ninja (metadata lives in pyproject.toml).
 
-`pip install --no-build-isolation .` (or `-e .`) builds `dsv4._C` for the torch already installed.
-Set DSV4_ENABLE_CUDA=1 to also build `dsv4._C_cuda` when nvcc and a CUDA torch are present.
+`pip install --no-build-isolation .` (or `-e .`) builds `dsv4._C` for the torch already installed, and
+`dsv4._C_cuda` too when that torch is a CUDA build and nvcc is found (DSV4_ENABLE_CUDA=0 / 1 forces it off / on).
+DSV4_CUDA_ARCHS (default "80;90") lists the portable tier's targets; DSV4_CUDA_SM90=0 drops the Hopper tier.
 """
 
 import os
@@ -16,6 +17,18 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 
 
+def cuda_requested() -> bool:
+    """DSV4_ENABLE_CUDA if set, else whether the installed torch is a CUDA build and nvcc is on the path."""
+    forced = os.environ.get("DSV4_ENABLE_CUDA")
+    if forced is not None:
+        return forced not in ("0", "", "OFF", "off")
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.version.cuda is not None and shutil.which("nvcc") is not None
+
+
 class CMakeExtension(Extension):
     def __init__(self, name: str):
         super().__init__(name, sources=[], py_limited_api=True)
@@ -28,7 +41,7 @@ class CMakeBuild(build_ext):
         build_dir.mkdir(parents=True, exist_ok=True)
         cmake = shutil.which("cmake") or "cmake"
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
-        cuda = os.environ.get("DSV4_ENABLE_CUDA", "0") not in ("0", "", "OFF", "off")
+        cuda = cuda_requested()
         configure = [
             cmake, str(ROOT), *generator,
             f"-DDSV4_PYTHON={sys.executable}",
@@ -36,6 +49,11 @@ class CMakeBuild(build_ext):
             f"-DDSV4_ENABLE_CUDA={'ON' if cuda else 'OFF'}",
             f"-DCMAKE_BUILD_TYPE={os.environ.get('DSV4_BUILD_TYPE', 'Release')}",
         ]
+        if cuda:
+            configure += [
+                f"-DDSV4_CUDA_ARCHS={os.environ.get('DSV4_CUDA_ARCHS', '80;90')}",
+                f"-DDSV4_CUDA_SM90={'OFF' if os.environ.get('DSV4_CUDA_SM90') == '0' else 'ON'}",
+            ]
         subprocess.check_call(configure, cwd=build_dir)
         jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 2))
         subprocess.check_call([cmake, "--build", ".", "--parallel", jobs], cwd=build_dir)

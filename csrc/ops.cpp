@@ -42,6 +42,9 @@ STABLE_TORCH_LIBRARY(dsv4, m) {
         "Tensor? extra_kv_cache, Tensor? extra_indices, Tensor? extra_topk_length, int block_size, "
         "int extra_block_size, int head_dim_v, float sm_scale, Tensor? tile_scheduler_metadata=None, "
         "Tensor? num_splits=None) -> (Tensor, Tensor)");
+  // FlashMLA's decode split plan (tile_scheduler_metadata [parts, 8] int32, num_splits [b + 1] int32).
+  m.def("sparse_mla_decode_schedule(Tensor q, Tensor indices, Tensor? topk_length, Tensor? extra_indices, "
+        "Tensor? extra_topk_length) -> (Tensor, Tensor)");
   m.def("sparse_mla_prefill(Tensor q, Tensor kv, Tensor indices, float sm_scale, int head_dim_v, Tensor? attn_sink, "
         "Tensor? topk_length) -> (Tensor, Tensor, Tensor)");
   // ---- build and CPU-tier information ----

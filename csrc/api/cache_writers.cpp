@@ -4,7 +4,7 @@
 #include <torch/csrc/stable/library.h>
 
 #include "api/checks.h"
-#include "cpu/kernel_table.h"
+#include "api/backend.h"
 
 namespace dsv4::api {
 namespace {
@@ -20,6 +20,7 @@ KvLayout layout_for_head_dim(Arg a, int64_t head_dim) {
 
 void quantize_kv_insert(Tensor kv, Tensor slot_mapping, Tensor kv_cache, int64_t block_size) {
   const char* op = "quantize_kv_insert";
+  const DeviceScope scope(kv);
   check_same_device(op, kv, {{"slot_mapping", &slot_mapping}, {"kv_cache", &kv_cache}});
   check_dim({op, "kv"}, kv, 2);
   QuantizeKvInsertParams p;
@@ -33,11 +34,12 @@ void quantize_kv_insert(Tensor kv, Tensor slot_mapping, Tensor kv_cache, int64_t
   p.num_tokens = kv.size(0);
   p.kv_stride = kv.stride(0);
   check_slots_in_range({op, "slot_mapping"}, p.slots, p.num_tokens, p.cache.num_blocks * block_size);
-  cpu::kernels().quantize_kv_insert(p);
+  backend_kernels().quantize_kv_insert(p);
 }
 
 Tensor dequantize_kv_gather(Tensor kv_cache, Tensor slots, int64_t block_size, int64_t head_dim) {
   const char* op = "dequantize_kv_gather";
+  const DeviceScope scope(kv_cache);
   check_same_device(op, kv_cache, {{"slots", &slots}});
   DequantizeKvGatherParams p;
   p.layout = layout_for_head_dim({op, "head_dim"}, head_dim);
@@ -50,13 +52,14 @@ Tensor dequantize_kv_gather(Tensor kv_cache, Tensor slots, int64_t block_size, i
   shape.push_back(head_dim);
   Tensor out = torch::stable::empty(shape, ScalarType::BFloat16, std::nullopt, kv_cache.device());
   p.out = static_cast<uint16_t*>(out.data_ptr());
-  cpu::kernels().dequantize_kv_gather(p);
+  backend_kernels().dequantize_kv_gather(p);
   return out;
 }
 
 void qnorm_rope_kv_insert(Tensor q, Tensor kv, Tensor positions, Tensor cos_sin_cache, Tensor slot_mapping,
                           Tensor kv_cache, int64_t block_size, double eps, Tensor q_out) {
   const char* op = "qnorm_rope_kv_insert";
+  const DeviceScope scope(q);
   check_same_device(op, q, {{"kv", &kv}, {"positions", &positions}, {"cos_sin_cache", &cos_sin_cache},
                             {"slot_mapping", &slot_mapping}, {"kv_cache", &kv_cache}, {"q_out", &q_out}});
   QNormRopeKvInsertParams p;
@@ -92,11 +95,12 @@ void qnorm_rope_kv_insert(Tensor q, Tensor kv, Tensor positions, Tensor cos_sin_
   p.eps = float(eps);
   check_values_in_range({op, "positions"}, p.positions, p.num_tokens, p.rope.rows);
   check_slots_in_range({op, "slot_mapping"}, p.slots, p.num_kv_tokens, p.cache.num_blocks * block_size);
-  cpu::kernels().qnorm_rope_kv_insert(p);
+  backend_kernels().qnorm_rope_kv_insert(p);
 }
 
 void indexer_k_quant_insert(Tensor k, Tensor slot_mapping, Tensor kv_cache, int64_t block_size) {
   const char* op = "indexer_k_quant_insert";
+  const DeviceScope scope(k);
   check_same_device(op, k, {{"slot_mapping", &slot_mapping}, {"kv_cache", &kv_cache}});
   IndexerKQuantInsertParams p;
   p.dtype = float_dtype({op, "k"}, k);
@@ -110,12 +114,13 @@ void indexer_k_quant_insert(Tensor k, Tensor slot_mapping, Tensor kv_cache, int6
   p.num_tokens = k.size(0);
   p.k_stride = k.stride(0);
   check_slots_in_range({op, "slot_mapping"}, p.slots, p.num_tokens, p.cache.num_blocks * block_size);
-  cpu::kernels().indexer_k_quant_insert(p);
+  backend_kernels().indexer_k_quant_insert(p);
 }
 
 void indexer_q_rope_quant(Tensor q, Tensor positions, Tensor cos_sin_cache, Tensor weights, double softmax_scale,
                           double head_scale, Tensor q_fp8, Tensor weights_out) {
   const char* op = "indexer_q_rope_quant";
+  const DeviceScope scope(q);
   check_same_device(op, q, {{"positions", &positions}, {"cos_sin_cache", &cos_sin_cache}, {"weights", &weights},
                             {"q_fp8", &q_fp8}, {"weights_out", &weights_out}});
   IndexerQRopeQuantParams p;
@@ -147,12 +152,12 @@ void indexer_q_rope_quant(Tensor q, Tensor positions, Tensor cos_sin_cache, Tens
   p.q_fp8 = static_cast<uint8_t*>(q_fp8.data_ptr());
   p.weights_out = static_cast<float*>(weights_out.data_ptr());
   check_values_in_range({op, "positions"}, p.positions, p.num_tokens, p.rope.rows);
-  cpu::kernels().indexer_q_rope_quant(p);
+  backend_kernels().indexer_q_rope_quant(p);
 }
 
 }  // namespace
 
-STABLE_TORCH_LIBRARY_IMPL(dsv4, CPU, m) {
+DSV4_BACKEND_IMPL(m) {
   m.impl("quantize_kv_insert", TORCH_BOX(&quantize_kv_insert));
   m.impl("dequantize_kv_gather", TORCH_BOX(&dequantize_kv_gather));
   m.impl("qnorm_rope_kv_insert", TORCH_BOX(&qnorm_rope_kv_insert));

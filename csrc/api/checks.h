@@ -58,9 +58,11 @@ RopeTable rope_table(Arg a, const Tensor& t, int64_t rope_dim);
 
 // CPU only: entry i of a rank-1 index view.
 int64_t index_value(const IndexView& v, int64_t i);
-// CPU only (reads the values): every entry of a rank-1 index tensor is -1 or in [0, capacity).
+// The two checks below read the values, so they run on CPU tensors only (no-ops in _C_cuda: a device read
+// would synchronise; the CUDA kernels treat such entries as invalid instead).
+// Every entry of a rank-1 index tensor is -1 or in [0, capacity).
 void check_slots_in_range(Arg a, const IndexView& v, int64_t n, int64_t capacity);
-// CPU only: every entry of a rank-1 index tensor is in [0, limit).
+// Every entry of a rank-1 index tensor is in [0, limit).
 void check_values_in_range(Arg a, const IndexView& v, int64_t n, int64_t limit);
 
 }  // namespace dsv4::api

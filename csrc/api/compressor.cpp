@@ -2,7 +2,7 @@
 #include <torch/csrc/stable/library.h>
 
 #include "api/checks.h"
-#include "cpu/kernel_table.h"
+#include "api/backend.h"
 
 namespace dsv4::api {
 namespace {
@@ -23,6 +23,7 @@ StateCache state_cache(Arg a, const Tensor& t) {
 
 void save_partial_states(Tensor kv, Tensor score, Tensor ape, Tensor positions, Tensor state, Tensor slot_mapping) {
   const char* op = "save_partial_states";
+  const DeviceScope scope(kv);
   check_same_device(op, kv, {{"score", &score}, {"ape", &ape}, {"positions", &positions}, {"state_cache", &state},
                              {"slot_mapping", &slot_mapping}});
   SavePartialStatesParams p;
@@ -51,12 +52,13 @@ void save_partial_states(Tensor kv, Tensor score, Tensor ape, Tensor positions, 
   p.ratio = ape.size(0), p.width = kv.size(1), p.num_tokens = kv.size(0);
   check_values_in_range({op, "positions"}, p.positions, p.num_tokens, INT64_MAX);
   check_slots_in_range({op, "slot_mapping"}, p.slots, p.num_tokens, p.state.num_blocks * p.state.block_size);
-  cpu::kernels().save_partial_states(p);
+  backend_kernels().save_partial_states(p);
 }
 
 void compress_common(const char* op, int64_t head_dim, int64_t bytes_per_entry, Tensor state, Tensor gather_slots,
                      Tensor positions, Tensor kv_slot_mapping, Tensor norm_weight, double eps, Tensor cos_sin_cache,
                      Tensor kv_cache, int64_t block_size, int64_t ratio) {
+  const DeviceScope scope(state);
   check_same_device(op, state, {{"gather_slots", &gather_slots}, {"positions", &positions},
                                 {"kv_slot_mapping", &kv_slot_mapping}, {"rms_norm_weight", &norm_weight},
                                 {"cos_sin_cache", &cos_sin_cache}, {"kv_cache", &kv_cache}});
@@ -88,13 +90,13 @@ void compress_common(const char* op, int64_t head_dim, int64_t bytes_per_entry, 
   p.eps = float(eps);
   p.ratio = ratio, p.head_dim = head_dim, p.num_tokens = n;
   check_values_in_range({op, "positions"}, p.positions, n, INT64_MAX);
-  for (int64_t t = 0; t < n; ++t) {  // rotation position of a compressed entry is (p // R) * R
+  for (int64_t t = 0; kHostReadsValues && t < n; ++t) {  // rotation position of a compressed entry is (p // R) * R
     const int64_t pos = index_value(p.positions, t);
     DSV4_CHECK((pos / ratio) * ratio < p.rope.rows, op, "argument 'positions' entry ", t, " is ", pos,
                ", beyond the ", p.rope.rows, " rows of cos_sin_cache");
   }
   check_slots_in_range({op, "kv_slot_mapping"}, p.kv_slots, n, p.cache.num_blocks * block_size);
-  cpu::kernels().compress_norm_rope_store(p);
+  backend_kernels().compress_norm_rope_store(p);
 }
 
 void compress_norm_rope_store(Tensor state, Tensor gather_slots, Tensor positions, Tensor kv_slot_mapping,
@@ -113,7 +115,7 @@ void compress_norm_rope_store_indexer(Tensor state, Tensor gather_slots, Tensor 
 
 }  // namespace
 
-STABLE_TORCH_LIBRARY_IMPL(dsv4, CPU, m) {
+DSV4_BACKEND_IMPL(m) {
   m.impl("save_partial_states", TORCH_BOX(&save_partial_states));
   m.impl("compress_norm_rope_store", TORCH_BOX(&compress_norm_rope_store));
   m.impl("compress_norm_rope_store_indexer", TORCH_BOX(&compress_norm_rope_store_indexer));

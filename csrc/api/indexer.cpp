@@ -4,7 +4,7 @@
 #include <torch/csrc/stable/library.h>
 
 #include "api/checks.h"
-#include "cpu/kernel_table.h"
+#include "api/backend.h"
 
 namespace dsv4::api {
 namespace {
@@ -28,6 +28,7 @@ Tensor fp8_paged_mqa_logits(Tensor q, Tensor kv_cache, Tensor weights, Tensor co
                             int64_t block_size, int64_t max_context_len, bool clean_logits,
                             std::optional<Tensor> schedule_meta) {
   const char* op = "fp8_paged_mqa_logits";
+  const DeviceScope scope(q);
   check_same_device(op, q, {{"kv_cache", &kv_cache}, {"weights", &weights}, {"context_lens", &context_lens},
                             {"block_table", &block_table}});
   check_dtype({op, "q"}, q, {ScalarType::Float8_e4m3fn});
@@ -56,12 +57,13 @@ Tensor fp8_paged_mqa_logits(Tensor q, Tensor kv_cache, Tensor weights, Tensor co
   Tensor out = torch::stable::empty({p.batch * p.next_n, max_context_len}, ScalarType::Float, std::nullopt, q.device());
   p.out = static_cast<float*>(out.data_ptr());
   p.out_stride = max_context_len;
-  cpu::kernels().fp8_paged_mqa_logits(p);
+  backend_kernels().fp8_paged_mqa_logits(p);
   return out;
 }
 
 Tensor fp8_mqa_logits(Tensor q, Tensor k, Tensor k_scale, Tensor weights, Tensor ks, Tensor ke, bool clean_logits) {
   const char* op = "fp8_mqa_logits";
+  const DeviceScope scope(q);
   check_same_device(op, q, {{"k", &k}, {"k_scale", &k_scale}, {"weights", &weights}, {"ks", &ks}, {"ke", &ke}});
   check_dtype({op, "q"}, q, {ScalarType::Float8_e4m3fn});
   check_dim({op, "q"}, q, 3);
@@ -95,13 +97,14 @@ Tensor fp8_mqa_logits(Tensor q, Tensor k, Tensor k_scale, Tensor weights, Tensor
   Tensor out = torch::stable::empty({rows, p.num_keys}, ScalarType::Float, std::nullopt, q.device());
   p.out = static_cast<float*>(out.data_ptr());
   p.out_stride = p.num_keys;
-  cpu::kernels().fp8_mqa_logits(p);
+  backend_kernels().fp8_mqa_logits(p);
   return out;
 }
 
 void fp8_paged_mqa_topk(Tensor q, Tensor kv_cache, Tensor weights, Tensor lengths, Tensor block_table,
                         Tensor row_requests, int64_t block_size, Tensor topk_indices) {
   const char* op = "fp8_paged_mqa_topk";
+  const DeviceScope scope(q);
   check_same_device(op, q, {{"kv_cache", &kv_cache}, {"weights", &weights}, {"lengths", &lengths},
                             {"block_table", &block_table}, {"row_requests", &row_requests},
                             {"topk_indices", &topk_indices}});
@@ -129,7 +132,7 @@ void fp8_paged_mqa_topk(Tensor q, Tensor kv_cache, Tensor weights, Tensor length
              p.k);
   // Rows longer than k are scored into a per-thread buffer: bound them by what the caller's table addresses.
   const int64_t coverage = p.max_blocks * block_size;
-  for (int64_t r = 0; r < p.rows; ++r) {
+  for (int64_t r = 0; kHostReadsValues && r < p.rows; ++r) {
     const int64_t len = index_value(p.lengths, r);
     DSV4_CHECK(len <= p.k || len <= coverage, op, "argument 'lengths' entry ", r, " is ", len, ", more than the ",
                coverage, " entries block_table can address");
@@ -140,12 +143,12 @@ void fp8_paged_mqa_topk(Tensor q, Tensor kv_cache, Tensor weights, Tensor length
   p.w_stride = weights.stride(0);
   p.out = static_cast<int32_t*>(topk_indices.data_ptr());
   p.out_stride = topk_indices.stride(0);
-  cpu::kernels().fp8_paged_mqa_topk(p);
+  backend_kernels().fp8_paged_mqa_topk(p);
 }
 
 }  // namespace
 
-STABLE_TORCH_LIBRARY_IMPL(dsv4, CPU, m) {
+DSV4_BACKEND_IMPL(m) {
   m.impl("fp8_paged_mqa_logits", TORCH_BOX(&fp8_paged_mqa_logits));
   m.impl("fp8_mqa_logits", TORCH_BOX(&fp8_mqa_logits));
   m.impl("fp8_paged_mqa_topk", TORCH_BOX(&fp8_paged_mqa_topk));

@@ -2,13 +2,14 @@
 #include <torch/csrc/stable/library.h>
 
 #include "api/checks.h"
-#include "cpu/kernel_table.h"
+#include "api/backend.h"
 
 namespace dsv4::api {
 namespace {
 
 Tensor map_local_to_global_slots(Tensor local, Tensor req_ids, Tensor block_table, int64_t block_size) {
   const char* op = "map_local_to_global_slots";
+  const DeviceScope scope(local);
   check_same_device(op, local, {{"req_ids", &req_ids}, {"block_table", &block_table}});
   MapLocalToGlobalSlotsParams p;
   p.local = index_view({op, "local_indices"}, local, 2);
@@ -21,12 +22,13 @@ Tensor map_local_to_global_slots(Tensor local, Tensor req_ids, Tensor block_tabl
   Tensor out = torch::stable::empty({p.rows, p.cols}, local.scalar_type(), std::nullopt, local.device());
   p.out = out.data_ptr();
   p.out_is_int64 = local.scalar_type() == ScalarType::Long;
-  cpu::kernels().map_local_to_global_slots(p);
+  backend_kernels().map_local_to_global_slots(p);
   return out;
 }
 
 void inverse_rope(Tensor o, Tensor positions, Tensor cos_sin_cache, Tensor out) {
   const char* op = "inverse_rope";
+  const DeviceScope scope(o);
   check_same_device(op, o, {{"positions", &positions}, {"cos_sin_cache", &cos_sin_cache}, {"out", &out}});
   InverseRopeParams p;
   p.dtype = float_dtype({op, "o"}, o);
@@ -46,12 +48,12 @@ void inverse_rope(Tensor o, Tensor positions, Tensor cos_sin_cache, Tensor out) 
   p.o_stride_t = o.stride(0), p.o_stride_h = o.stride(1);
   p.out = out.data_ptr();
   check_values_in_range({op, "positions"}, p.positions, p.num_tokens, p.rope.rows);
-  cpu::kernels().inverse_rope(p);
+  backend_kernels().inverse_rope(p);
 }
 
 }  // namespace
 
-STABLE_TORCH_LIBRARY_IMPL(dsv4, CPU, m) {
+DSV4_BACKEND_IMPL(m) {
   m.impl("map_local_to_global_slots", TORCH_BOX(&map_local_to_global_slots));
   m.impl("inverse_rope", TORCH_BOX(&inverse_rope));
 }

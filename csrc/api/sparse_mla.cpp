@@ -4,8 +4,8 @@
 
 #include <torch/csrc/stable/library.h>
 
+#include "api/backend.h"
 #include "api/checks.h"
-#include "cpu/kernel_table.h"
 
 namespace dsv4::api {
 namespace {
@@ -61,7 +61,82 @@ SparseIndexSet index_set(const Tensor& indices, std::optional<IndexView> lengths
   return s;
 }
 
-// tile_scheduler_metadata and num_splits are FlashMLA's GPU plan: the CPU kernel balances its own work.
+// Partitions of a decode plan: one per CTA group on CUDA, one per intra-op thread on CPU (informational there).
+int64_t decode_parts(int64_t s_q, int64_t h_q) {
+#if defined(DSV4_BACKEND_CUDA)
+  return cuda::decode_num_parts(s_q, h_q);
+#else
+  const int64_t parts = torch::stable::get_num_threads() / (s_q * ((h_q + 63) / 64));
+  return parts > 1 ? parts : 1;
+#endif
+}
+
+// The plan tensors [num_parts, 8] and [b + 1] (int32, on q's device) wired into p.sched.
+std::tuple<Tensor, Tensor> new_schedule(SparseMlaDecodeParams& p, const Tensor& q) {
+  p.sched.num_parts = decode_parts(p.s_q, p.h_q);
+  Tensor meta = torch::stable::empty({p.sched.num_parts, kDecodeSchedWords}, ScalarType::Int, std::nullopt, q.device());
+  Tensor splits = torch::stable::empty({p.b + 1}, ScalarType::Int, std::nullopt, q.device());
+  p.sched.sched_meta = static_cast<int32_t*>(meta.data_ptr());
+  p.sched.num_splits = static_cast<int32_t*>(splits.data_ptr());
+  p.sched.plan = true;
+  return {meta, splits};
+}
+
+// A caller's plan (from sparse_mla_decode_schedule / get_mla_metadata): int32, contiguous, shaped for this batch.
+void use_schedule(const char* op, SparseMlaDecodeParams& p, const Tensor& meta, const Tensor& splits) {
+  check_dtype({op, "tile_scheduler_metadata"}, meta, {ScalarType::Int});
+  check_dim({op, "tile_scheduler_metadata"}, meta, 2);
+  check_size({op, "tile_scheduler_metadata"}, meta, 1, kDecodeSchedWords);
+  DSV4_CHECK(meta.size(0) >= 1, op, "argument 'tile_scheduler_metadata' must have at least one partition, got shape ",
+             shape_str(meta));
+  check_contiguous({op, "tile_scheduler_metadata"}, meta);
+  check_dtype({op, "num_splits"}, splits, {ScalarType::Int});
+  check_dim({op, "num_splits"}, splits, 1);
+  check_size({op, "num_splits"}, splits, 0, p.b + 1);
+  check_contiguous({op, "num_splits"}, splits);
+  p.sched.num_parts = meta.size(0);
+  p.sched.sched_meta = static_cast<int32_t*>(const_cast<void*>(meta.const_data_ptr()));
+  p.sched.num_splits = static_cast<int32_t*>(const_cast<void*>(splits.const_data_ptr()));
+  p.sched.plan = false;
+}
+
+// Checks the two index sets of a decode (and their optional lengths) and fills p.b .. p.extra (cache views empty).
+void decode_index_sets(const char* op, SparseMlaDecodeParams& p, const Tensor& indices,
+                       const std::optional<Tensor>& topk_length, const std::optional<Tensor>& extra_indices,
+                       const std::optional<Tensor>& extra_topk_length, const PagedCache& cache,
+                       const PagedCache& extra_cache) {
+  check_indices({op, "indices"}, indices, p.b, p.s_q, 1);
+  p.main = index_set(indices, optional_lengths({op, "topk_length"}, topk_length, p.b), cache);
+  if (extra_indices) {
+    check_indices({op, "extra_indices"}, *extra_indices, p.b, p.s_q, 0);
+    p.extra = index_set(*extra_indices, optional_lengths({op, "extra_topk_length"}, extra_topk_length, p.b),
+                        extra_cache);
+  }
+  DSV4_CHECK(!extra_topk_length || extra_indices, op,
+             "argument 'extra_topk_length' must be None without extra_indices");
+}
+
+// FlashMLA's get_decoding_sched_meta: the split plan of a decode with these shapes and lengths, on q's device
+// (planned by a device kernel on CUDA, no host synchronisation), to pass to later sparse_mla_decode calls.
+std::tuple<Tensor, Tensor> sparse_mla_decode_schedule(Tensor q, Tensor indices, std::optional<Tensor> topk_length,
+                                                      std::optional<Tensor> extra_indices,
+                                                      std::optional<Tensor> extra_topk_length) {
+  const char* op = "sparse_mla_decode_schedule";
+  const DeviceScope scope(q);
+  check_same_device(op, q, {{"indices", &indices}, {"topk_length", present(topk_length)},
+                            {"extra_indices", present(extra_indices)},
+                            {"extra_topk_length", present(extra_topk_length)}});
+  check_dim({op, "q"}, q, 4);
+  SparseMlaDecodeParams p;
+  p.b = q.size(0), p.s_q = q.size(1), p.h_q = q.size(2), p.d_qk = q.size(3);
+  decode_index_sets(op, p, indices, topk_length, extra_indices, extra_topk_length, PagedCache{}, PagedCache{});
+  auto plan = new_schedule(p, q);
+  backend_kernels().sparse_mla_decode_schedule(p);
+  return plan;
+}
+
+// tile_scheduler_metadata and num_splits: FlashMLA's split plan. CUDA plans on the device when they are None;
+// the CPU kernel balances its own work and ignores them.
 std::tuple<Tensor, Tensor> sparse_mla_decode(Tensor q, Tensor kv_cache, Tensor indices,
                                              std::optional<Tensor> topk_length, std::optional<Tensor> attn_sink,
                                              std::optional<Tensor> extra_kv_cache, std::optional<Tensor> extra_indices,
@@ -70,6 +145,7 @@ std::tuple<Tensor, Tensor> sparse_mla_decode(Tensor q, Tensor kv_cache, Tensor i
                                              std::optional<Tensor> tile_scheduler_metadata,
                                              std::optional<Tensor> num_splits) {
   const char* op = "sparse_mla_decode";
+  const DeviceScope scope(q);
   check_same_device(op, q, {{"kv_cache", &kv_cache}, {"indices", &indices}, {"topk_length", present(topk_length)},
                             {"attn_sink", present(attn_sink)}, {"extra_kv_cache", present(extra_kv_cache)},
                             {"extra_indices", present(extra_indices)},
@@ -80,21 +156,18 @@ std::tuple<Tensor, Tensor> sparse_mla_decode(Tensor q, Tensor kv_cache, Tensor i
   p.layout = p.d_qk == kModel1HeadDim ? KvLayout::model1 : KvLayout::v32;
   const int64_t entry_bytes = bytes_per_entry(p.layout);
   const PagedCache cache = paged_cache({op, "kv_cache"}, kv_cache, block_size, entry_bytes);
-  check_indices({op, "indices"}, indices, p.b, p.s_q, 1);
-  p.main = index_set(indices, optional_lengths({op, "topk_length"}, topk_length, p.b), cache);
   const std::optional<Tensor> sink = checked_sink(op, attn_sink, p.h_q);
   DSV4_CHECK(extra_kv_cache.has_value() == extra_indices.has_value(), op,
              "argument 'extra_indices' must be given exactly when extra_kv_cache is, got extra_kv_cache ",
              extra_kv_cache ? "given" : "absent");
+  PagedCache extra_cache;
   if (extra_kv_cache) {
     check_positive({op, "extra_block_size"}, extra_block_size);
-    const PagedCache extra_cache = paged_cache({op, "extra_kv_cache"}, *extra_kv_cache, extra_block_size, entry_bytes);
-    check_indices({op, "extra_indices"}, *extra_indices, p.b, p.s_q, 0);
-    p.extra = index_set(*extra_indices, optional_lengths({op, "extra_topk_length"}, extra_topk_length, p.b),
-                        extra_cache);
+    extra_cache = paged_cache({op, "extra_kv_cache"}, *extra_kv_cache, extra_block_size, entry_bytes);
   }
-  DSV4_CHECK(!extra_topk_length || extra_indices, op,
-             "argument 'extra_topk_length' must be None without extra_indices");
+  decode_index_sets(op, p, indices, topk_length, extra_indices, extra_topk_length, cache, extra_cache);
+  DSV4_CHECK(tile_scheduler_metadata.has_value() == num_splits.has_value(), op,
+             "arguments 'tile_scheduler_metadata' and 'num_splits' must be given together");
   p.q = static_cast<const uint16_t*>(q.const_data_ptr());
   p.q_stride_b = q.stride(0), p.q_stride_s = q.stride(1), p.q_stride_h = q.stride(2);
   p.attn_sink = sink ? static_cast<const float*>(sink->const_data_ptr()) : nullptr;
@@ -105,7 +178,23 @@ std::tuple<Tensor, Tensor> sparse_mla_decode(Tensor q, Tensor kv_cache, Tensor i
   Tensor lse = torch::stable::empty({p.b, p.h_q, p.s_q}, ScalarType::Float, std::nullopt, q.device());
   p.out = static_cast<uint16_t*>(out.data_ptr());
   p.lse = static_cast<float*>(lse.data_ptr());
-  cpu::kernels().sparse_mla_decode(p);
+#if defined(DSV4_BACKEND_CUDA)
+  std::optional<std::tuple<Tensor, Tensor>> own_plan;
+  if (tile_scheduler_metadata) {
+    check_same_device(op, q, {{"tile_scheduler_metadata", &*tile_scheduler_metadata}, {"num_splits", &*num_splits}});
+    use_schedule(op, p, *tile_scheduler_metadata, *num_splits);
+  } else {
+    own_plan = new_schedule(p, q);
+  }
+  // fp32 partials of split pieces: at most one extra piece per partition beyond one per request.
+  const int64_t split_rows = p.b + p.sched.num_parts;
+  Tensor o_accum = torch::stable::empty({split_rows, p.s_q, p.h_q, kHeadDimV}, ScalarType::Float, std::nullopt,
+                                        q.device());
+  Tensor lse_accum = torch::stable::empty({split_rows, p.s_q, p.h_q}, ScalarType::Float, std::nullopt, q.device());
+  p.sched.o_accum = static_cast<float*>(o_accum.data_ptr());
+  p.sched.lse_accum = static_cast<float*>(lse_accum.data_ptr());
+#endif
+  backend_kernels().sparse_mla_decode(p);
   return {out, lse};
 }
 
@@ -113,6 +202,7 @@ std::tuple<Tensor, Tensor, Tensor> sparse_mla_prefill(Tensor q, Tensor kv, Tenso
                                                       int64_t head_dim_v, std::optional<Tensor> attn_sink,
                                                       std::optional<Tensor> topk_length) {
   const char* op = "sparse_mla_prefill";
+  const DeviceScope scope(q);
   check_same_device(op, q, {{"kv", &kv}, {"indices", &indices}, {"attn_sink", present(attn_sink)},
                             {"topk_length", present(topk_length)}});
   check_query(op, q, 3, head_dim_v);
@@ -143,15 +233,16 @@ std::tuple<Tensor, Tensor, Tensor> sparse_mla_prefill(Tensor q, Tensor kv, Tenso
   p.out = static_cast<uint16_t*>(out.data_ptr());
   p.max_logits = static_cast<float*>(max_logits.data_ptr());
   p.lse = static_cast<float*>(lse.data_ptr());
-  cpu::kernels().sparse_mla_prefill(p);
+  backend_kernels().sparse_mla_prefill(p);
   return {out, max_logits, lse};
 }
 
 }  // namespace
 
-STABLE_TORCH_LIBRARY_IMPL(dsv4, CPU, m) {
+DSV4_BACKEND_IMPL(m) {
   m.impl("sparse_mla_decode", TORCH_BOX(&sparse_mla_decode));
   m.impl("sparse_mla_prefill", TORCH_BOX(&sparse_mla_prefill));
+  m.impl("sparse_mla_decode_schedule", TORCH_BOX(&sparse_mla_decode_schedule));
 }
 
 }  // namespace dsv4::api

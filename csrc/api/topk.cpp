@@ -5,7 +5,7 @@
 #include <torch/csrc/stable/ops.h>
 
 #include "api/checks.h"
-#include "cpu/kernel_table.h"
+#include "api/backend.h"
 
 namespace dsv4::api {
 namespace {
@@ -13,6 +13,7 @@ namespace {
 void topk_transform(Tensor scores, Tensor lengths, std::optional<Tensor> row_starts, std::optional<Tensor> page_table,
                     int64_t page_size, Tensor raw_indices, std::optional<Tensor> slot_indices) {
   const char* op = "topk_transform";
+  const DeviceScope scope(scores);
   TopkTransformParams p;
   check_dtype({op, "scores"}, scores, {ScalarType::Float});
   check_dim({op, "scores"}, scores, 2);
@@ -53,11 +54,11 @@ void topk_transform(Tensor scores, Tensor lengths, std::optional<Tensor> row_sta
   p.raw = static_cast<int32_t*>(raw_indices.data_ptr());
   p.raw_stride = raw_indices.stride(0), p.raw_col_stride = raw_indices.stride(1);
   p.threads = torch::stable::get_num_threads();
-  cpu::kernels().topk_transform(p);
+  backend_kernels().topk_transform(p);
 }
 
 }  // namespace
 
-STABLE_TORCH_LIBRARY_IMPL(dsv4, CPU, m) { m.impl("topk_transform", TORCH_BOX(&topk_transform)); }
+DSV4_BACKEND_IMPL(m) { m.impl("topk_transform", TORCH_BOX(&topk_transform)); }
 
 }  // namespace dsv4::api

@@ -205,6 +205,10 @@ struct PagedMqaTopkParams {
   int64_t k = 0;
   int32_t* out = nullptr;  // [rows, k], row stride out_stride
   int64_t out_stride = 0;
+  // CUDA only: fp32 scores of the rows in flight, [workspace_rows, max_blocks * block_size]; CTA c scores rows
+  // c, c + workspace_rows, ... into row c (memory bounded by the CTAs, not by the rows).
+  float* workspace = nullptr;
+  int64_t workspace_rows = 0;
 };
 
 // ---- sparse MLA attention ----
@@ -218,6 +222,23 @@ struct SparseIndexSet {
   PagedCache cache;
 };
 
+// FlashMLA-style split plan of a CUDA sparse decode (common/decode_schedule.h builds it): the requests' 64-entry
+// blocks are cut into num_parts partitions, one persistent CTA (group) each; pieces of a split request are merged
+// by a combine step from fp32 partials.
+constexpr int64_t kDecodeBlockEntries = 64;  // entries per scheduling block
+constexpr int64_t kDecodeFixedCostBlocks = 5;  // per-piece overhead (load q, store o) in blocks
+constexpr int64_t kDecodeSchedWords = 8;  // int32 words per partition in the plan
+
+struct DecodeSchedule {
+  int32_t* sched_meta = nullptr;  // [num_parts, 8]: begin_req, end_req (inclusive), begin_block, end_block
+                                  // (exclusive, in end_req), begin_split, first_req_split, last_req_split, 0
+  int32_t* num_splits = nullptr;  // [b + 1]: exclusive prefix sum of pieces per request
+  int64_t num_parts = 0;
+  bool plan = false;  // true: the kernel fills sched_meta / num_splits before attending
+  float* o_accum = nullptr;  // [b + num_parts, s_q, h_q, d_v] fp32 partials (each already divided by its sum)
+  float* lse_accum = nullptr;  // [b + num_parts, s_q, h_q] natural-log lse of each partial (-inf: no valid entry)
+};
+
 struct SparseMlaDecodeParams {
   const uint16_t* q = nullptr;  // bf16 [b, s_q, h_q, d_qk], last dim contiguous
   int64_t b = 0, s_q = 0, h_q = 0, d_qk = 0, q_stride_b = 0, q_stride_s = 0, q_stride_h = 0;
@@ -229,6 +250,7 @@ struct SparseMlaDecodeParams {
   uint16_t* out = nullptr;  // bf16, contiguous [b, s_q, h_q, d_v]
   float* lse = nullptr;  // contiguous [b, h_q, s_q]
   int64_t threads = 1;  // intra-op threads: with fewer queries than this, a query's entries are split
+  DecodeSchedule sched;  // CUDA only
 };
 
 struct SparseMlaPrefillParams {

@@ -2,30 +2,13 @@
 #pragma once
 #include <cstdint>
 
-#include "common/params.h"
+#include "common/kernel_table.h"
 
 namespace dsv4::cpu {
 
 enum class Isa : int32_t { generic = 0, avx2 = 1, avx512 = 2, amx = 3 };
 
-struct CpuKernels {
-  const char* isa_name;
-  void (*qnorm_rope_kv_insert)(const QNormRopeKvInsertParams&);
-  void (*indexer_q_rope_quant)(const IndexerQRopeQuantParams&);
-  void (*save_partial_states)(const SavePartialStatesParams&);
-  void (*compress_norm_rope_store)(const CompressNormRopeStoreParams&);
-  void (*quantize_kv_insert)(const QuantizeKvInsertParams&);
-  void (*dequantize_kv_gather)(const DequantizeKvGatherParams&);
-  void (*indexer_k_quant_insert)(const IndexerKQuantInsertParams&);
-  void (*map_local_to_global_slots)(const MapLocalToGlobalSlotsParams&);
-  void (*inverse_rope)(const InverseRopeParams&);
-  void (*fp8_paged_mqa_logits)(const PagedMqaLogitsParams&);
-  void (*fp8_mqa_logits)(const MqaLogitsParams&);
-  void (*topk_transform)(const TopkTransformParams&);
-  void (*fp8_paged_mqa_topk)(const PagedMqaTopkParams&);
-  void (*sparse_mla_decode)(const SparseMlaDecodeParams&);
-  void (*sparse_mla_prefill)(const SparseMlaPrefillParams&);
-};
+using CpuKernels = KernelTable;
 
 const CpuKernels& kernels_generic();
 const CpuKernels& kernels_avx2();

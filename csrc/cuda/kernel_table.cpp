@@ -1,0 +1,124 @@
+// The CUDA kernel table: wraps each launcher with the current stream and a launch-status check, and picks the
+// sparse-decode tier (Hopper on compute capability 9.0 when built, else portable; DSV4_CUDA_TIER=portable forces it).
+#include "cuda/kernel_table.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/headeronly/util/Exception.h>
+
+#include "cuda/launchers.h"
+
+namespace dsv4::cuda {
+namespace {
+
+cudaStream_t current_stream() {
+  int device = 0;
+  STD_TORCH_CHECK(cudaGetDevice(&device) == cudaSuccess, "dsv4: cannot read the current CUDA device");
+  void* stream = nullptr;
+  STD_TORCH_CHECK(aoti_torch_get_current_cuda_stream(device, &stream) == AOTI_TORCH_SUCCESS,
+                  "dsv4: cannot read the current CUDA stream");
+  return static_cast<cudaStream_t>(stream);
+}
+
+void check_launch(const char* op, cudaError_t status) {
+  STD_TORCH_CHECK(status == cudaSuccess, "dsv4::", op, ": CUDA kernel launch failed: ", cudaGetErrorString(status));
+}
+
+struct DeviceFacts {
+  int sms = 0, major = 0, minor = 0;
+};
+
+const DeviceFacts& device_facts() {
+  constexpr int kMaxDevices = 64;
+  static DeviceFacts facts[kMaxDevices];
+  int device = 0;
+  STD_TORCH_CHECK(cudaGetDevice(&device) == cudaSuccess && device < kMaxDevices, "dsv4: bad current CUDA device");
+  DeviceFacts& f = facts[device];
+  if (f.sms == 0) {  // benign race: every thread writes the same values
+    cudaDeviceGetAttribute(&f.major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&f.minor, cudaDevAttrComputeCapabilityMinor, device);
+    cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, device);
+  }
+  return f;
+}
+
+#if defined(DSV4_HAVE_SM90)
+bool use_sm90_decode() {
+  const char* forced = std::getenv("DSV4_CUDA_TIER");
+  if (forced != nullptr && std::strcmp(forced, "portable") == 0) return false;
+  const DeviceFacts& f = device_facts();
+  return f.major == 9 && f.minor == 0;
+}
+#endif
+
+template <typename P, cudaError_t (*Launch)(const P&, cudaStream_t)>
+void wrap(const char* op, const P& p) {
+  check_launch(op, Launch(p, current_stream()));
+}
+
+#define DSV4_WRAP(name) [](const name##_params_t& p) { wrap<name##_params_t, &launch_##name>(#name, p); }
+using qnorm_rope_kv_insert_params_t = QNormRopeKvInsertParams;
+using indexer_q_rope_quant_params_t = IndexerQRopeQuantParams;
+using save_partial_states_params_t = SavePartialStatesParams;
+using compress_norm_rope_store_params_t = CompressNormRopeStoreParams;
+using quantize_kv_insert_params_t = QuantizeKvInsertParams;
+using dequantize_kv_gather_params_t = DequantizeKvGatherParams;
+using indexer_k_quant_insert_params_t = IndexerKQuantInsertParams;
+using map_local_to_global_slots_params_t = MapLocalToGlobalSlotsParams;
+using inverse_rope_params_t = InverseRopeParams;
+using fp8_paged_mqa_logits_params_t = PagedMqaLogitsParams;
+using fp8_mqa_logits_params_t = MqaLogitsParams;
+using topk_transform_params_t = TopkTransformParams;
+using fp8_paged_mqa_topk_params_t = PagedMqaTopkParams;
+using sparse_mla_prefill_params_t = SparseMlaPrefillParams;
+
+void sparse_mla_decode(const SparseMlaDecodeParams& p) {
+#if defined(DSV4_HAVE_SM90)
+  if (use_sm90_decode()) return check_launch("sparse_mla_decode", launch_sparse_mla_decode_sm90(p, current_stream()));
+#endif
+  check_launch("sparse_mla_decode", launch_sparse_mla_decode(p, current_stream()));
+}
+
+}  // namespace
+
+const KernelTable& kernels() {
+  static const KernelTable table{
+      "cuda",
+      DSV4_WRAP(qnorm_rope_kv_insert),
+      DSV4_WRAP(indexer_q_rope_quant),
+      DSV4_WRAP(save_partial_states),
+      DSV4_WRAP(compress_norm_rope_store),
+      DSV4_WRAP(quantize_kv_insert),
+      DSV4_WRAP(dequantize_kv_gather),
+      DSV4_WRAP(indexer_k_quant_insert),
+      DSV4_WRAP(map_local_to_global_slots),
+      DSV4_WRAP(inverse_rope),
+      DSV4_WRAP(fp8_paged_mqa_logits),
+      DSV4_WRAP(fp8_mqa_logits),
+      DSV4_WRAP(topk_transform),
+      DSV4_WRAP(fp8_paged_mqa_topk),
+      &sparse_mla_decode,
+      [](const SparseMlaDecodeParams& p) { wrap<SparseMlaDecodeParams, &launch_decode_schedule>("sparse_mla_decode_schedule", p); },
+      DSV4_WRAP(sparse_mla_prefill),
+  };
+  return table;
+}
+
+int64_t num_sms() { return device_facts().sms; }
+
+int64_t decode_num_parts(int64_t s_q, int64_t h_q) {
+  const int64_t head_groups = (h_q + 63) / 64;
+  const int64_t parts = num_sms() / (s_q * head_groups);
+  return parts > 1 ? parts : 1;
+}
+
+int64_t paged_topk_workspace_ctas(int64_t rows) {
+  const int64_t ctas = 2 * num_sms();
+  return rows < ctas ? rows : ctas;
+}
+
+}  // namespace dsv4::cuda
