@@ -10,6 +10,9 @@ from dsv4.rope import rope_cos_sin_cache
 
 ALL_ISAS = ("amx", "avx512", "avx2", "generic")
 SUPPORTED_ISAS = tuple(torch.ops.dsv4.supported_cpu_isas().split(","))
+# With a GPU and dsv4._C_cuda, every tier-parametrized test also runs on CUDA: "cuda" (the best tier of the
+# device) and "cuda-portable" (the portable tier forced), on the same inputs, references and tolerances.
+CUDA_TIERS = ("cuda", "cuda-portable") if dsv4.cuda_available() and torch.cuda.is_available() else ()
 PAGE_SIZES = (1, 2, 61, 64, 256)  # block sizes every paged-cache test covers
 INDEX_DTYPES = (torch.int32, torch.int64)
 MAX_POSITION = 300  # rows of the RoPE table in the rope op tests
@@ -17,17 +20,42 @@ BOUNDARY_POSITIONS = (0, 127, 128, MAX_POSITION - 1)  # window / compression edg
 
 
 def pytest_report_header(config):
-    return f"dsv4 {dsv4.__version__}: CPU tiers tested here: {', '.join(SUPPORTED_ISAS)}"
+    return (f"dsv4 {dsv4.__version__}: CPU tiers tested here: {', '.join(SUPPORTED_ISAS)}; "
+            f"CUDA tiers: {', '.join(CUDA_TIERS) or 'none'}")
 
 
-@pytest.fixture(params=ALL_ISAS)
-def isa(request):
-    """Forces one CPU tier for the test (skipped when this CPU lacks it), then restores auto."""
+@pytest.fixture(params=ALL_ISAS + CUDA_TIERS)
+def isa(request, monkeypatch):
+    """Forces one CPU tier for the test (skipped when this CPU lacks it), then restores auto. A CUDA tier runs
+    every ``dsv4.ops`` call of the test on the GPU instead (cuda_shuttle.py)."""
+    if request.param in CUDA_TIERS:
+        from cuda_shuttle import run_ops_on_cuda
+
+        if request.param == "cuda-portable":
+            monkeypatch.setenv("DSV4_CUDA_TIER", "portable")
+        run_ops_on_cuda(monkeypatch)
+        yield request.param
+        return
     if request.param not in SUPPORTED_ISAS:
         pytest.skip(f"CPU tier {request.param} is not supported on this machine")
     torch.ops.dsv4._set_cpu_isa(request.param)
     yield request.param
     torch.ops.dsv4._set_cpu_isa("auto")
+
+
+@pytest.fixture(params=("cpu",) + (("cuda",) if CUDA_TIERS else ()))
+def opcheck(request):
+    """torch.library.opcheck on the given arguments, on the CPU and (when present) on CUDA copies of them with
+    the same strides and storage layout."""
+
+    def run(op, args, **kwargs):
+        if request.param == "cuda":
+            from cuda_shuttle import GpuTwins
+
+            args = GpuTwins().to_gpu(tuple(args))
+        torch.library.opcheck(op, args, **kwargs)
+
+    return run
 
 
 @pytest.fixture(autouse=True)

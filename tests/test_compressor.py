@@ -293,16 +293,16 @@ def test_reference_pools_the_projection_half_of_each_window_row():
     assert has_row.tolist() == [True]
 
 
-def test_opcheck():
+def test_opcheck(opcheck):
     kv, score = torch.randn(3, 256), torch.randn(3, 256)
     state = strided_state_cache(4, INDEXER_HEAD_DIM)
     positions, slots = torch.tensor([3, 4, 7]), torch.tensor([0, -1, 9])
-    torch.library.opcheck(torch.ops.dsv4.save_partial_states.default,
+    opcheck(torch.ops.dsv4.save_partial_states.default,
                           (kv, score, torch.randn(4, 256), positions, state, slots))
     for head_dim, op in [(MODEL1_HEAD_DIM, torch.ops.dsv4.compress_norm_rope_store.default),
                          (INDEXER_HEAD_DIM, torch.ops.dsv4.compress_norm_rope_store_indexer.default)]:
         case = make_case(head_dim, 4, 2, num_tokens=4)
-        torch.library.opcheck(op, case.args())
+        opcheck(op, case.args())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -106,12 +106,12 @@ def test_reference_semantics():
     assert torch.all(error <= rotated.abs() * FP8_RELATIVE_STEP + scale.unsqueeze(-1) * FP8_SUBNORMAL_STEP)
 
 
-def test_opcheck():
+def test_opcheck(opcheck):
     tokens, heads = 3, 4
     q_fp8, weights_out = poisoned_outputs(tokens, heads)
     args = (random_q(tokens, heads), random_positions(tokens), rope_table(MAX_POSITION), torch.randn(tokens, heads),
             SOFTMAX_SCALE, heads**-0.5, q_fp8.view(torch.uint8), weights_out)  # opcheck cannot compare fp8
-    torch.library.opcheck(torch.ops.dsv4.indexer_q_rope_quant.default, args)
+    opcheck(torch.ops.dsv4.indexer_q_rope_quant.default, args)
 
 
 # ---- bad inputs: a RuntimeError naming the op and the argument ----

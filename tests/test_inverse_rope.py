@@ -94,11 +94,11 @@ def test_apply_rope_is_complex_rotation():
     torch.testing.assert_close(writers.apply_rope(x, positions, cos_sin, inverse=True)[..., nope:], inverse.float())
 
 
-def test_opcheck():
+def test_opcheck(opcheck):
     o = torch.randn(3, 2, MODEL1_HEAD_DIM).bfloat16()
     out = torch.full(o.shape, float("nan"))
     args = (o, random_positions(3), rope_table(MAX_POSITION), out)
-    torch.library.opcheck(torch.ops.dsv4.inverse_rope.default, args)
+    opcheck(torch.ops.dsv4.inverse_rope.default, args)
 
 
 # ---- bad inputs: a RuntimeError naming the op and the argument ----

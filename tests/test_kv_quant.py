@@ -325,20 +325,20 @@ def test_indexer_k_quant_insert_empty_batch():
 # ---------------------------------------------------------------------------------------------
 
 
-def test_opcheck():
+def test_opcheck(opcheck):
     block_size, num_blocks = 4, 3
     slots = torch.tensor([5, -1, 0])
     all_slots = torch.arange(num_blocks * block_size)
     for head_dim, (bytes_per_entry, _, _) in LAYOUTS.items():
         cache = random_pages(num_blocks, block_size * bytes_per_entry)
         kv = torch.randn(3, head_dim).bfloat16()
-        torch.library.opcheck(torch.ops.dsv4.quantize_kv_insert.default, (kv, slots, cache, block_size))
+        opcheck(torch.ops.dsv4.quantize_kv_insert.default, (kv, slots, cache, block_size))
         # a fully written cache: random bytes could decode to NaN, which opcheck's comparisons reject
         ops.quantize_kv_insert(torch.randn(len(all_slots), head_dim), all_slots, cache, block_size)
-        torch.library.opcheck(torch.ops.dsv4.dequantize_kv_gather.default,
+        opcheck(torch.ops.dsv4.dequantize_kv_gather.default,
                               (cache, slots.view(3, 1), block_size, head_dim))
     k_cache = random_pages(num_blocks, block_size * INDEXER_K_BYTES_PER_ENTRY)
-    torch.library.opcheck(torch.ops.dsv4.indexer_k_quant_insert.default,
+    opcheck(torch.ops.dsv4.indexer_k_quant_insert.default,
                           (torch.randn(3, INDEXER_HEAD_DIM), slots.int(), k_cache, block_size))
 
 

@@ -81,9 +81,9 @@ def test_reference_by_hand():
     assert torch.equal(ops.map_local_to_global_slots(local, req_ids, block_table, 4), expected)
 
 
-def test_opcheck():
+def test_opcheck(opcheck):
     args = (random_local(3, 8, 4, torch.int64), torch.randint(0, NUM_REQUESTS, (3,)), random_block_table(), 4)
-    torch.library.opcheck(torch.ops.dsv4.map_local_to_global_slots.default, args)
+    opcheck(torch.ops.dsv4.map_local_to_global_slots.default, args)
 
 
 # ---- bad inputs: a RuntimeError naming the op and the argument ----

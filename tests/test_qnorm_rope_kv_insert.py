@@ -196,13 +196,13 @@ def test_reference_semantics():
     assert not torch.allclose(stored, kv, **fp8_tolerance), "the stored RoPE dims must be rotated"
 
 
-def test_opcheck():
+def test_opcheck(opcheck):
     tokens, heads, block_size = 3, 2, 2
     q, kv = random_case(tokens, heads, tokens)
     args = (q, kv, random_positions(tokens), rope_table(MAX_POSITION),
             distinct_slots(tokens, 4, skip_every=SKIP_EVERY), random_pages(2, model1_page_bytes(block_size)),
             block_size, EPS, poisoned_q_out(tokens, 4, q.dtype))
-    torch.library.opcheck(torch.ops.dsv4.qnorm_rope_kv_insert.default, args)
+    opcheck(torch.ops.dsv4.qnorm_rope_kv_insert.default, args)
 
 
 # ---- bad inputs: a RuntimeError naming the op and the argument, raised before anything is written ----

@@ -370,8 +370,8 @@ OPS = {"sparse_mla_decode": decode_args, "sparse_mla_prefill": prefill_args}
         ("sparse_mla_prefill", lambda: prefill_args(V32_HEAD_DIM)),
     ],
 )
-def test_opcheck(name, args):
-    torch.library.opcheck(getattr(torch.ops.dsv4, name).default, tuple(args().values()))
+def test_opcheck(name, args, opcheck):
+    opcheck(getattr(torch.ops.dsv4, name).default, tuple(args().values()))
 
 
 def assert_op_close(got, expected):

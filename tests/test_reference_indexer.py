@@ -379,13 +379,13 @@ OPS = {"fp8_paged_mqa_logits": paged_logits_args, "fp8_mqa_logits": mqa_logits_a
         ("topk_transform", lambda: topk_args(paged=False, k=1024)),
     ],
 )
-def test_opcheck(name, args):
+def test_opcheck(name, args, opcheck):
     op = getattr(torch.ops.dsv4, name).default
     args = tuple(args().values())
     has_fp8 = any(isinstance(a, torch.Tensor) and a.dtype == torch.float8_e4m3fn for a in args)
     # opcheck's schema test compares inputs with allclose, which fp8 lacks; test_logits_ops_leave_inputs_alone covers it
     checks = OPCHECK_WITHOUT_SCHEMA if has_fp8 else OPCHECK_ALL
-    torch.library.opcheck(op, args, test_utils=checks)
+    opcheck(op, args, test_utils=checks)
 
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:

@@ -240,8 +240,8 @@ def schema_args(args: dict) -> tuple:
 
 
 @pytest.mark.parametrize("case", DEFAULT_DECODE_CASES[:2], ids=str)
-def test_opcheck(case):
-    torch.library.opcheck(torch.ops.dsv4.sparse_mla_decode.default, schema_args(decode_inputs(case)))
+def test_opcheck(case, opcheck):
+    opcheck(torch.ops.dsv4.sparse_mla_decode.default, schema_args(decode_inputs(case)))
 
 
 BAD_INPUTS = [

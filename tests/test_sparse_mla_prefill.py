@@ -85,9 +85,9 @@ def test_same_inputs_same_bits(isa):
 
 
 @pytest.mark.parametrize("case", DEFAULT_PREFILL_CASES[:2], ids=str)
-def test_opcheck(case):
+def test_opcheck(case, opcheck):
     args = prefill_inputs(case)
-    torch.library.opcheck(torch.ops.dsv4.sparse_mla_prefill.default,
+    opcheck(torch.ops.dsv4.sparse_mla_prefill.default,
                           (args["q"], args["kv"], args["indices"], args["sm_scale"], D_V, args.get("attn_sink"),
                            args["topk_length"]))
 

@@ -199,8 +199,8 @@ def op_args(paged=True, k=512) -> dict:
 
 
 @pytest.mark.parametrize("paged,k", [(True, 512), (False, 2048)])
-def test_opcheck(paged, k):
-    torch.library.opcheck(torch.ops.dsv4.topk_transform.default, tuple(op_args(paged, k).values()))
+def test_opcheck(paged, k, opcheck):
+    opcheck(torch.ops.dsv4.topk_transform.default, tuple(op_args(paged, k).values()))
 
 
 def test_native_kernel_is_registered():

@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     p_demo.add_argument("--preset", default="v4-flash", choices=sorted(PRESETS))
     p_demo.add_argument("--seed", type=int, default=0)
     p_bench = sub.add_parser("bench", help="time the CPU ops against the reference and the vLLM peer")
-    p_bench.add_argument("--op", choices=["all", *BENCH_GROUPS], default="all")
+    p_bench.add_argument("--op", choices=["all", *BENCH_GROUPS, "gpu"], default="all",
+                         help="a CPU case group, all of them, or gpu (the CUDA kernels on the current GPU)")
     p_bench.add_argument("--quick", action="store_true", help="small shapes (a smoke run)")
     p_bench.add_argument("--no-reference", action="store_true", help="skip timing the (slow) references")
     p_bench.add_argument("--json", action="store_true")
@@ -60,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "bench":
         from . import bench
 
+        if args.op == "gpu":
+            from .bench import gpu
+
+            print(gpu.report(gpu.hardware(), gpu.measure(args.quick), args.json))
+            return 0
         groups = list(BENCH_GROUPS) if args.op == "all" else [args.op]
         hardware, results = bench.run(groups, quick=args.quick, with_reference=not args.no_reference)
         print(bench.report(hardware, results, args.json))

@@ -8,8 +8,10 @@ d_qk 576); only ``stride(0)`` is free. Dense (non-sparse) attention is not imple
 
 As in FlashMLA, a schedule object records its configuration on first use and every later call with it must
 have the same configuration; otherwise :class:`ScheduleMismatchError` (an ``AssertionError``, what
-FlashMLA's asserts raise, and a ``ValueError``) is raised. The CPU kernels balance their own work, so the
-plan tensors stay None; only the configuration is checked.
+FlashMLA's asserts raise, and a ``ValueError``) is raised. On CUDA the first call also plans the split of the
+work on the device (``dsv4.ops.sparse_mla_decode_schedule``) and later calls reuse that plan, as FlashMLA's do:
+like FlashMLA's, a plan is valid for the lengths it was made with (one decode step). The CPU kernels balance
+their own work, so there the plan tensors stay None; only the configuration is checked.
 """
 
 from __future__ import annotations
@@ -126,11 +128,16 @@ def flash_mla_with_kvcache(
         h_k=k_cache.shape[2], causal=causal, is_fp8_kvcache=is_fp8_kvcache, topk=indices.shape[-1],
         extra_page_block_size=_kv_cache_view("extra_k_cache", extra_k_cache) if extra_given else None,
         extra_topk=extra_indices_in_kvcache.shape[-1] if extra_indices_in_kvcache is not None else None)
-    _check_schedule(tile_scheduler_metadata, config)
+    sched = tile_scheduler_metadata
+    _check_schedule(sched, config)
+    if q.device.type != "cpu" and sched.tile_scheduler_metadata is None:
+        sched.tile_scheduler_metadata, sched.num_splits = ops.sparse_mla_decode_schedule(
+            q, indices, topk_length, extra_indices_in_kvcache, extra_topk_length)
     result, lse = ops.sparse_mla_decode(
         q, k_cache, indices, config.page_block_size, topk_length=topk_length, attn_sink=attn_sink,
         extra_kv_cache=extra_k_cache, extra_indices=extra_indices_in_kvcache, extra_topk_length=extra_topk_length,
-        extra_block_size=config.extra_page_block_size or 0, head_dim_v=head_dim_v, sm_scale=softmax_scale)
+        extra_block_size=config.extra_page_block_size or 0, head_dim_v=head_dim_v, sm_scale=softmax_scale,
+        tile_scheduler_metadata=sched.tile_scheduler_metadata, num_splits=sched.num_splits)
     if out is None:
         return result, lse
     if out.shape != result.shape or out.dtype != result.dtype:

@@ -309,6 +309,8 @@ def sparse_mla_decode(
     extra_block_size: int = 0,
     head_dim_v: int = 512,
     sm_scale: float | None = None,
+    tile_scheduler_metadata: torch.Tensor | None = None,
+    num_splits: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashMLA sparse decode over fp8 caches: one softmax over the main and extra index sets.
 
@@ -316,10 +318,37 @@ def sparse_mla_decode(
     slots (-1 / out of cache / at or past ``topk_length[b]`` are invalid). Returns out bf16
     ``[b, s_q, h_q, head_dim_v]`` and natural-log lse fp32 ``[b, h_q, s_q]``; a query with no valid
     entry gives 0 and lse +inf. ``attn_sink [h_q]`` scales out by ``1 / (1 + exp(sink - lse))``.
+    ``tile_scheduler_metadata`` / ``num_splits``: a plan from :func:`sparse_mla_decode_schedule` for these
+    lengths (CUDA plans on the device when they are None; the CPU ignores them).
     """
     scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
     return _ops.sparse_mla_decode(q, kv_cache, indices, topk_length, attn_sink, extra_kv_cache, extra_indices,
-                                  extra_topk_length, block_size, extra_block_size, head_dim_v, scale)
+                                  extra_topk_length, block_size, extra_block_size, head_dim_v, scale,
+                                  tile_scheduler_metadata, num_splits)
+
+
+def sparse_mla_decode_schedule(
+    q: torch.Tensor,
+    indices: torch.Tensor,
+    topk_length: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_topk_length: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split plan of a sparse decode (FlashMLA's tile scheduler), computed on q's device.
+
+    Every request's entries (main set rounded up to 64-entry blocks, then the extra set) are cut into
+    ``num_parts`` partitions of about equal cost, one persistent CTA group each on CUDA. Returns
+    ``tile_scheduler_metadata`` int32 ``[num_parts, 8]`` and ``num_splits`` int32 ``[b + 1]``; valid for
+    sparse_mla_decode calls with the same shapes and lengths (no host synchronisation: CUDA-graph safe).
+    """
+    return _ops.sparse_mla_decode_schedule(q, indices, topk_length, extra_indices, extra_topk_length)
+
+
+def decode_schedule_parts(device: torch.device, s_q: int, h_q: int) -> int:
+    """Partitions of a decode plan on device: SMs on CUDA, intra-op threads on the CPU, per (s_q, 64 heads)."""
+    units = (torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda"
+             else torch.get_num_threads())
+    return max(units // (s_q * ((h_q + 63) // 64)), 1)
 
 
 def sparse_mla_prefill(
@@ -402,6 +431,11 @@ def _register_fakes() -> None:
         out = q.new_empty((b, s_q, h_q, head_dim_v), dtype=torch.bfloat16)
         lse = q.new_empty((b, h_q, s_q), dtype=torch.float32)
         return out, lse
+
+    @_fake("sparse_mla_decode_schedule")
+    def _(q, indices, topk_length, extra_indices, extra_topk_length):
+        parts = decode_schedule_parts(q.device, q.shape[1], q.shape[2])
+        return (q.new_empty((parts, 8), dtype=torch.int32), q.new_empty((q.shape[0] + 1,), dtype=torch.int32))
 
     @_fake("sparse_mla_prefill")
     def _(q, kv, indices, sm_scale, head_dim_v, attn_sink, topk_length):

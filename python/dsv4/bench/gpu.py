@@ -1,0 +1,192 @@
+"""GPU benchmarks (``python -m dsv4 bench --op gpu``): the CUDA kernels on DeepSeek-V4 shapes against the
+H200 roofline.
+
+Each case is captured once in a CUDA graph; a timed replay follows an L2 flush (cold cache), and the median of
+the replays is reported as time per call, per query token, TFLOP/s, TB/s of the counted bytes, and the fraction
+of the roofline time max(FLOPs / peak FLOP/s, bytes / peak bandwidth).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+import dsv4
+
+from .. import cache, flash_mla, ops
+from ..constants import MODEL1_BYTES_PER_TOKEN, MODEL1_HEAD_DIM, SLIDING_WINDOW
+
+PEAK_TFLOPS, PEAK_TBPS = 989.0, 4.8  # H200 SXM datasheet: dense bf16, HBM3e
+REPLAYS, QUICK_REPLAYS = 30, 5
+L2_FLUSH_BYTES = 256 << 20  # several times the 60 MB L2
+KV_SPREAD = 0.3
+FLASH = (64, 512)  # heads, compressed top-k (DeepSeek-V4-Flash C4A)
+PRO = (128, 1024)  # DeepSeek-V4-Pro C4A
+PAGE = 64
+INDEXER_HEADS, INDEXER_DIM = 64, 128
+
+
+@dataclass
+class GpuCase:
+    op: str
+    shape: str
+    query_tokens: int
+    flops: int
+    bytes_moved: int
+    run: Callable[[], object]
+
+
+@dataclass
+class GpuResult:
+    op: str
+    shape: str
+    us: float
+    ns_per_token: float
+    tflops: float
+    tbps: float
+    roofline_us: float
+
+    @property
+    def roofline_fraction(self) -> float:
+        return self.roofline_us / self.us
+
+
+def time_cold(case: GpuCase, replays: int) -> float:
+    """Median microseconds of a graph replay of case.run after an L2 flush."""
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        case.run()  # warm-up: module load, plans, allocator pools
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        case.run()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(replays):
+        flush.zero_()
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def flashmla_view(pages: torch.Tensor) -> torch.Tensor:
+    return pages[:, : PAGE * MODEL1_BYTES_PER_TOKEN].view(pages.shape[0], PAGE, 1, MODEL1_BYTES_PER_TOKEN)
+
+
+def random_slots(batch: int, per_request: int, pool: int) -> torch.Tensor:
+    """int32 [batch, 1, per_request]: distinct slots per request spread over the pool."""
+    keys = torch.rand(batch, pool, device="cuda")
+    return keys.argsort(dim=1)[:, :per_request].to(torch.int32).unsqueeze(1)
+
+
+def decode_case(batch: int, heads: int, compressed: int, preset: str) -> GpuCase:
+    window_pool, compressed_pool = batch * SLIDING_WINDOW, batch * compressed
+    window = flashmla_view(cache.allocate_kv_cache(-(-window_pool // PAGE), PAGE, device="cuda"))
+    compressed_cache = flashmla_view(cache.allocate_kv_cache(-(-compressed_pool // PAGE), PAGE, device="cuda"))
+    for pages in (window, compressed_cache):
+        rows = (torch.randn(pages.shape[0] * PAGE, MODEL1_HEAD_DIM, device="cuda") * KV_SPREAD).bfloat16()
+        ops.quantize_kv_insert(rows, torch.arange(rows.shape[0], device="cuda"), pages.view(pages.shape[0], -1), PAGE)
+    window_slots = random_slots(batch, SLIDING_WINDOW, window.shape[0] * PAGE)
+    compressed_slots = random_slots(batch, compressed, compressed_cache.shape[0] * PAGE)
+    q = torch.randn(batch, 1, heads, MODEL1_HEAD_DIM, device="cuda").bfloat16()
+    sink = torch.randn(heads, device="cuda")
+    sched, _ = flash_mla.get_mla_metadata()
+    entries = SLIDING_WINDOW + compressed
+
+    def run():
+        return flash_mla.flash_mla_with_kvcache(q, compressed_cache, None, None, MODEL1_HEAD_DIM, sched,
+                                                is_fp8_kvcache=True, indices=compressed_slots, attn_sink=sink,
+                                                extra_k_cache=window, extra_indices_in_kvcache=window_slots)
+
+    return GpuCase("sparse_mla_decode", f"{preset} B={batch} H={heads} {SLIDING_WINDOW}+{compressed}", batch,
+                   flops=4 * batch * heads * MODEL1_HEAD_DIM * entries,
+                   bytes_moved=batch * (entries * (MODEL1_BYTES_PER_TOKEN + 4) + 4 * heads * MODEL1_HEAD_DIM),
+                   run=run)
+
+
+def prefill_case(tokens: int, heads: int, topk: int) -> GpuCase:
+    kv_rows = 2 * tokens
+    kv = (torch.randn(kv_rows, 1, MODEL1_HEAD_DIM, device="cuda") * KV_SPREAD).bfloat16()
+    indices = torch.randint(0, kv_rows, (tokens, 1, topk), dtype=torch.int32, device="cuda")
+    q = torch.randn(tokens, heads, MODEL1_HEAD_DIM, device="cuda").bfloat16()
+    sink = torch.randn(heads, device="cuda")
+    return GpuCase("sparse_mla_prefill", f"T={tokens} H={heads} topk={topk} bf16", tokens,
+                   flops=4 * tokens * heads * MODEL1_HEAD_DIM * topk,
+                   bytes_moved=2 * kv_rows * MODEL1_HEAD_DIM + tokens * (4 * topk + 4 * heads * MODEL1_HEAD_DIM),
+                   run=lambda: ops.sparse_mla_prefill(q, kv, indices, MODEL1_HEAD_DIM**-0.5, attn_sink=sink))
+
+
+def logits_case(batch: int, context: int) -> GpuCase:
+    pages = context // PAGE
+    kv = cache.allocate_indexer_k_cache(batch * pages, PAGE, device="cuda")
+    kv.view(-1).copy_(torch.randint(0, 120, (kv.numel(),), dtype=torch.uint8, device="cuda"))
+    scales = kv[:, PAGE * INDEXER_DIM : PAGE * (INDEXER_DIM + 4)].view(torch.float32)
+    scales.copy_(torch.exp2(torch.randint(-8, 0, scales.shape, device="cuda").float()))
+    q = (torch.randn(batch, 1, INDEXER_HEADS, INDEXER_DIM, device="cuda") * 8).to(torch.float8_e4m3fn)
+    weights = torch.randn(batch, INDEXER_HEADS, device="cuda")
+    lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+    table = torch.randperm(batch * pages, dtype=torch.int32, device="cuda").view(batch, pages)
+    return GpuCase("fp8_paged_mqa_logits", f"B={batch} ctx={context // 1024}K", batch,
+                   flops=2 * batch * context * INDEXER_HEADS * INDEXER_DIM,
+                   bytes_moved=batch * context * (INDEXER_DIM + 4 + 4),
+                   run=lambda: ops.fp8_paged_mqa_logits(q, kv, weights, lens, table, PAGE, context))
+
+
+def topk_case(rows: int, width: int, k: int) -> GpuCase:
+    scores = torch.randn(rows, width, device="cuda")
+    lengths = torch.full((rows,), width, dtype=torch.int32, device="cuda")
+    return GpuCase("topk_transform", f"{rows} x {width} k={k}", rows, flops=0, bytes_moved=rows * (width + k) * 4,
+                   run=lambda: ops.topk_transform(scores, lengths, k))
+
+
+def cases(quick: bool) -> list[GpuCase]:
+    batches = (1, 128) if quick else (1, 8, 32, 64, 128, 256, 512)
+    pro_batches = (1, 128) if quick else (1, 32, 128, 256)
+    return [
+        *(decode_case(b, *FLASH, "V4-Flash") for b in batches),
+        *(decode_case(b, *PRO, "V4-Pro") for b in pro_batches),
+        prefill_case(512 if quick else 4096, FLASH[0], SLIDING_WINDOW + FLASH[1]),
+        prefill_case(512 if quick else 4096, PRO[0], SLIDING_WINDOW + PRO[1]),
+        *(logits_case(b, 1 << 16) for b in ((1, 64) if quick else (1, 8, 32, 64, 128))),
+        topk_case(128, 1 << 14, 512),
+        topk_case(64, 1 << 16, 512),
+    ]
+
+
+def measure(quick: bool = False) -> list[GpuResult]:
+    torch.manual_seed(0)
+    results = []
+    for case in cases(quick):
+        us = time_cold(case, QUICK_REPLAYS if quick else REPLAYS)
+        roofline = max(case.flops / (PEAK_TFLOPS * 1e6), case.bytes_moved / (PEAK_TBPS * 1e6))
+        results.append(GpuResult(case.op, case.shape, us, us * 1e3 / case.query_tokens, case.flops / us / 1e6,
+                                 case.bytes_moved / us / 1e6, roofline))
+    return results
+
+
+def hardware() -> dict:
+    props = torch.cuda.get_device_properties(0)
+    return {"gpu": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "dsv4": dsv4.__version__,
+            "roofline": f"{PEAK_TFLOPS:.0f} TFLOP/s bf16, {PEAK_TBPS} TB/s"}
+
+
+def report(info: dict, results: list[GpuResult], as_json: bool) -> str:
+    if as_json:
+        rows = [{**asdict(r), "roofline_fraction": r.roofline_fraction} for r in results]
+        return json.dumps({"hardware": info, "results": rows}, indent=2)
+    lines = ["  ".join(f"{k}={v}" for k, v in info.items()),
+             f"{'op':22s} {'shape':36s} {'us':>9s} {'ns/token':>9s} {'TFLOP/s':>8s} {'TB/s':>6s} {'roof us':>8s} "
+             f"{'of roof':>7s}"]
+    for r in results:
+        lines.append(f"{r.op:22s} {r.shape:36s} {r.us:9.1f} {r.ns_per_token:9.0f} {r.tflops:8.1f} {r.tbps:6.2f} "
+                     f"{r.roofline_us:8.1f} {r.roofline_fraction:7.1%}")
+    return "\n".join(lines)

@@ -1,0 +1,163 @@
+"""CUDA-only contract: the decode split plan (also checked on the CPU), FlashMLA's plan-on-first-use protocol on
+the device, CUDA-graph capture and replay of decode, torch.compile on CUDA tensors, no host synchronisation, and
+out-of-range values handled on the device. The kernels' numerics run in the CPU test grids (the "cuda" tiers of
+the isa fixture and the opcheck fixture)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import CUDA_TIERS
+from dsv4 import cache, flash_mla, ops
+from dsv4.reference import attention
+from sparse_mla_cases import DecodeCase, assert_attention_close, decode_inputs
+from test_compile import make_inputs, writer_step
+from test_flash_mla_api import flashmla_kwargs
+
+needs_cuda = pytest.mark.skipif(not CUDA_TIERS, reason="needs a GPU and dsv4._C_cuda")
+BLOCK_ENTRIES, FIXED_COST = 64, 5  # the plan's block size and per-piece cost (common/decode_schedule.h)
+DEVICES = ["cpu"] + (["cuda"] if CUDA_TIERS else [])
+
+
+def plan_pieces(meta: torch.Tensor, splits: torch.Tensor, blocks: list[int]) -> dict[int, list[tuple[int, int, int]]]:
+    """(piece index, first block, end block) of every request, read off a plan."""
+    pieces: dict[int, list[tuple[int, int, int]]] = {r: [] for r in range(len(blocks))}
+    for begin_req, end_req, begin_block, end_block, begin_piece, *_ in meta.tolist():
+        for r in range(begin_req, end_req + 1):
+            first = begin_block if r == begin_req else 0
+            end = end_block if r == end_req else blocks[r]
+            pieces[r].append((begin_piece if r == begin_req else 0, first, end))
+    return pieces
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("b,topk,extra", [(1, 640, None), (7, 512, 128), (130, 1024, 64), (300, 64, None)])
+def test_schedule_covers_every_block_once(device, b, topk, extra):
+    q = torch.randn(b, 1, 64, 512).bfloat16().to(device)
+    indices = torch.zeros(b, 1, topk, dtype=torch.int32, device=device)
+    lengths = torch.randint(0, topk + 8, (b,), dtype=torch.int32)  # past topk is clamped
+    extra_indices = extra_lengths = None
+    if extra is not None:
+        extra_indices = torch.zeros(b, 1, extra, dtype=torch.int32, device=device)
+        extra_lengths = torch.randint(0, extra + 1, (b,), dtype=torch.int32)
+    meta, splits = ops.sparse_mla_decode_schedule(q, indices, lengths.to(device), extra_indices,
+                                                  None if extra_lengths is None else extra_lengths.to(device))
+    assert meta.dtype == splits.dtype == torch.int32 and meta.shape[1] == 8 and splits.shape == (b + 1,)
+    assert meta.shape[0] == ops.decode_schedule_parts(q.device, 1, 64)
+    main = lengths.clamp(0, topk)
+    blocks = ((main.clamp(min=1) + BLOCK_ENTRIES - 1) // BLOCK_ENTRIES).tolist()
+    if extra is not None:
+        blocks = [m + (e + BLOCK_ENTRIES - 1) // BLOCK_ENTRIES for m, e in zip(blocks, extra_lengths.tolist(), strict=True)]
+    meta, splits = meta.cpu(), splits.cpu()
+    pieces = plan_pieces(meta, splits, blocks)
+    assert splits[0] == 0
+    for r, got in pieces.items():
+        got.sort()
+        assert [p[0] for p in got] == list(range(len(got))), f"request {r}: piece numbers"
+        assert splits[r + 1] - splits[r] == len(got), f"request {r}: num_splits"
+        covered = [blk for _, first, end in got for blk in range(first, end)]
+        assert covered == list(range(blocks[r])), f"request {r}: blocks covered {covered}"
+    total = sum(blocks) + FIXED_COST * b
+    budget = -(-total // meta.shape[0]) + FIXED_COST
+    for begin_req, end_req, begin_block, end_block, *_ in meta[:-1].tolist():  # every partition but the last
+        cost = sum((end_block if r == end_req else blocks[r]) - (begin_block if r == begin_req else 0) + FIXED_COST
+                   for r in range(begin_req, end_req + 1))
+        assert cost <= budget
+
+
+CASE = DecodeCase(b=5, s_q=2, h_q=64, topk=640, page=64, extra_topk=128, extra_page=64, topk_length=True,
+                  extra_topk_length=True)
+
+
+def on_cuda(args: dict) -> dict:
+    return {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+
+
+@needs_cuda
+def test_flash_mla_plans_on_the_device_once():
+    args = decode_inputs(CASE)
+    sched, _ = flash_mla.get_mla_metadata()
+    kwargs = on_cuda(flashmla_kwargs(args))
+    out, lse = flash_mla.flash_mla_with_kvcache(tile_scheduler_metadata=sched, **kwargs)
+    plan = sched.tile_scheduler_metadata
+    assert plan is not None and plan.is_cuda and sched.num_splits.is_cuda
+    assert_attention_close(out.cpu(), lse.cpu(), *attention.sparse_mla_decode(**args))
+    kwargs["q"] = torch.randn_like(kwargs["q"].float()).bfloat16()
+    flash_mla.flash_mla_with_kvcache(tile_scheduler_metadata=sched, **kwargs)
+    assert sched.tile_scheduler_metadata is plan, "a planned schedule object is reused, not replanned"
+
+
+@needs_cuda
+@pytest.mark.parametrize("tier", CUDA_TIERS)
+def test_decode_graph_capture_and_replay(tier, monkeypatch):
+    if tier == "cuda-portable":
+        monkeypatch.setenv("DSV4_CUDA_TIER", "portable")
+    args = decode_inputs(CASE)
+    static = on_cuda(args)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):  # warm up outside the graph, as capture requires
+        sched, _ = flash_mla.get_mla_metadata()
+        flash_mla.flash_mla_with_kvcache(tile_scheduler_metadata=sched, **flashmla_kwargs(static))
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sched, _ = flash_mla.get_mla_metadata()  # planned inside the capture: replays re-plan on the device
+        out, lse = flash_mla.flash_mla_with_kvcache(tile_scheduler_metadata=sched, **flashmla_kwargs(static))
+    for _ in range(2):  # new values and lengths in the static buffers, then replay
+        args["q"] = torch.randn_like(args["q"].float()).bfloat16()
+        args["topk_length"] = torch.randint(0, CASE.topk + 1, (CASE.b,), dtype=torch.int32)
+        static["q"].copy_(args["q"])
+        static["topk_length"].copy_(args["topk_length"])
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_attention_close(out.cpu(), lse.cpu(), *attention.sparse_mla_decode(**args))
+    first = out.clone()
+    graph.replay()
+    assert torch.equal(out, first), "a replay on the same inputs gives the same bits"
+
+
+@needs_cuda
+def test_decode_does_not_synchronise():
+    args = on_cuda(decode_inputs(CASE))
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        ops.sparse_mla_decode(**args)
+        meta, splits = ops.sparse_mla_decode_schedule(args["q"], args["indices"], args["topk_length"],
+                                                      args["extra_indices"], args["extra_topk_length"])
+        ops.sparse_mla_decode(**args, tile_scheduler_metadata=meta, num_splits=splits)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@needs_cuda
+def test_compile_fullgraph_on_cuda_matches_eager():
+    eager, compiled = make_inputs("cuda"), make_inputs("cuda")
+    for name in ("q", "kv", "k", "swa_cache", "k_cache"):
+        compiled[name] = eager[name].clone()
+    expected = writer_step(**eager)
+    got = torch.compile(writer_step, fullgraph=True)(**compiled)
+    for e, g in zip(expected, got, strict=True):
+        assert torch.equal(e, g)
+    assert torch.equal(eager["swa_cache"], compiled["swa_cache"])
+
+
+@needs_cuda
+def test_mixed_devices_are_rejected():
+    args = on_cuda(decode_inputs(CASE))
+    args["kv_cache"] = args["kv_cache"].cpu()
+    with pytest.raises(RuntimeError, match="dsv4::sparse_mla_decode: argument 'kv_cache' must be on the same device"):
+        ops.sparse_mla_decode(**args)
+
+
+@needs_cuda
+def test_out_of_range_slots_write_nothing_on_the_device():
+    """The host does not read slot values on CUDA (that would synchronise): a slot past the cache is skipped."""
+    block_size, num_blocks = 4, 3
+    kv_cache = cache.allocate_kv_cache(num_blocks, block_size).cuda()
+    kv_cache.random_(0, 256)
+    before = kv_cache.clone()
+    slots = torch.tensor([num_blocks * block_size + 7, -1, -9], device="cuda")
+    ops.quantize_kv_insert(torch.randn(3, 512, device="cuda").bfloat16(), slots, kv_cache, block_size)
+    torch.cuda.synchronize()
+    assert torch.equal(kv_cache, before)
