@@ -48,7 +48,8 @@ def test_schedule_covers_every_block_once(device, b, topk, extra):
     main = lengths.clamp(0, topk)
     blocks = ((main.clamp(min=1) + BLOCK_ENTRIES - 1) // BLOCK_ENTRIES).tolist()
     if extra is not None:
-        blocks = [m + (e + BLOCK_ENTRIES - 1) // BLOCK_ENTRIES for m, e in zip(blocks, extra_lengths.tolist(), strict=True)]
+        extra_blocks = ((extra_lengths + BLOCK_ENTRIES - 1) // BLOCK_ENTRIES).tolist()
+        blocks = [m + e for m, e in zip(blocks, extra_blocks, strict=True)]
     meta, splits = meta.cpu(), splits.cpu()
     pieces = plan_pieces(meta, splits, blocks)
     assert splits[0] == 0
