@@ -16,6 +16,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from conftest import CUDA_TIERS
 from dsv4 import ops
 from dsv4.cache_manager import CacheGroup, PagedCacheManager, ScheduledBatch
 from dsv4.config import TINY, V4_FLASH, V4_PRO, DeepseekV4AttentionConfig, get_config
@@ -42,13 +43,13 @@ MAX_MODEL_LEN = 2304
 class Harness:
     """Single-layer stacks of the tiny config with fixed per-request token inputs."""
 
-    def __init__(self, ratio: int, total_lens: list[int], max_num_batched_tokens: int):
+    def __init__(self, ratio: int, total_lens: list[int], max_num_batched_tokens: int, device: str = "cpu"):
         config = replace(TINY, compress_ratios=(ratio,))
         self.stack = AttentionStack(config, max_model_len=MAX_MODEL_LEN, max_num_reqs=len(total_lens),
-                                    max_num_batched_tokens=max_num_batched_tokens, seed=ratio)
+                                    max_num_batched_tokens=max_num_batched_tokens, seed=ratio, device=device)
         self.layer = self.stack.layers[0]
         self.caches = self.stack.manager.layer_caches[0]
-        self.inputs = [torch.randn(n, config.hidden_size).bfloat16() for n in total_lens]
+        self.inputs = [torch.randn(n, config.hidden_size).bfloat16().to(device) for n in total_lens]
 
     def step(self, batch: ScheduledBatch, timer=None):
         step = self.stack.prepare(batch)
@@ -81,9 +82,10 @@ SCHEDULE = [
 ]
 
 
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA_TIERS else []))
 @pytest.mark.parametrize("ratio", [0, 4, 128], ids=["swaonly", "c4a", "c128a"])
-def test_layer_matches_dense_reference(ratio):
-    harness = Harness(ratio, [392, 143], max_num_batched_tokens=512)
+def test_layer_matches_dense_reference(ratio, device):
+    harness = Harness(ratio, [392, 143], max_num_batched_tokens=512, device=device)
     for batch in SCHEDULE:
         harness.check(batch, harness.step(batch))
 
