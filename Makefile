@@ -11,7 +11,7 @@ BUILD_DEPS := setuptools wheel "cmake>=3.25" ninja
 TEST_DEPS := "pytest>=8" numpy ruff
 NATIVE_SOURCES := $(shell find csrc third_party -type f) CMakeLists.txt setup.py pyproject.toml
 
-.PHONY: demo test lint peer clean
+.PHONY: demo test lint peer cuda-compile-check hip-compile-check clean
 
 $(VENV)/.deps:
 	python3 -m venv $(VENV)
@@ -35,6 +35,13 @@ test: $(VENV)/.built peer
 
 lint: $(VENV)/.deps
 	$(VENV)/bin/ruff check python tests
+
+# Compile-only checks of the GPU kernels (no GPU needed): CUDA sm_80 / sm_90a, and the hipified portable tier.
+cuda-compile-check: $(VENV)/.deps
+	PYTHON=$(PY) scripts/cuda_compile_check.sh
+
+hip-compile-check: $(VENV)/.deps
+	PYTHON=$(PY) scripts/hip_compile_check.sh
 
 clean:
 	rm -rf build $(VENV) .peer python/dsv4/*.so

@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parent
 
 
 def cuda_requested() -> bool:
-    """DSV4_ENABLE_CUDA if set, else whether the installed torch is a CUDA build and nvcc is on the path."""
+    """DSV4_ENABLE_CUDA if set, else whether the installed torch is a CUDA (ROCm) build and nvcc (hipcc) is on
+    the path."""
     forced = os.environ.get("DSV4_ENABLE_CUDA")
     if forced is not None:
         return forced not in ("0", "", "OFF", "off")
@@ -26,7 +27,17 @@ def cuda_requested() -> bool:
         import torch
     except ImportError:
         return False
+    if torch.version.hip is not None:
+        return shutil.which("hipcc") is not None
     return torch.version.cuda is not None and shutil.which("nvcc") is not None
+
+
+def rocm_torch() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.version.hip is not None
 
 
 class CMakeExtension(Extension):
@@ -49,7 +60,9 @@ class CMakeBuild(build_ext):
             f"-DDSV4_ENABLE_CUDA={'ON' if cuda else 'OFF'}",
             f"-DCMAKE_BUILD_TYPE={os.environ.get('DSV4_BUILD_TYPE', 'Release')}",
         ]
-        if cuda:
+        if cuda and rocm_torch():
+            configure += ["-DDSV4_ENABLE_ROCM=ON"]  # the portable tier, hipified at configure time
+        elif cuda:
             configure += [
                 f"-DDSV4_CUDA_ARCHS={os.environ.get('DSV4_CUDA_ARCHS', '80;90')}",
                 f"-DDSV4_CUDA_SM90={'OFF' if os.environ.get('DSV4_CUDA_SM90') == '0' else 'ON'}",

@@ -63,7 +63,7 @@ count=0
 while read -r unit; do
   count=$((count + 1))
   name=${unit#"$work/"}
-  if hipcc "${hip_flags[@]}" "$unit" -o "$work/out.o"; then
+  if hipcc "${hip_flags[@]}" "$unit" -o "$work/out.o" </dev/null; then
     echo "hip_compile_check: ok      $name"
   else
     echo "hip_compile_check: FAILED  $name" >&2
@@ -72,4 +72,4 @@ while read -r unit; do
 done < <(grep -v '^$' "$work/units")
 
 [[ ${#failed[@]} -eq 0 ]] || fail "${#failed[@]} of $count hipified units do not compile: ${failed[*]}"
-echo "hip_compile_check: $count hipified units compile for ${HIP_ARCHS[*]} with $(hipcc --version | head -1)"
+echo "hip_compile_check: $count hipified units compile for ${HIP_ARCHS[*]} with HIP $(hipconfig --version)"

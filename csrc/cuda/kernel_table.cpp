@@ -39,9 +39,9 @@ const DeviceFacts& device_facts() {
   STD_TORCH_CHECK(cudaGetDevice(&device) == cudaSuccess && device < kMaxDevices, "dsv4: bad current CUDA device");
   DeviceFacts& f = facts[device];
   if (f.sms == 0) {  // benign race: every thread writes the same values
-    cudaDeviceGetAttribute(&f.major, cudaDevAttrComputeCapabilityMajor, device);
-    cudaDeviceGetAttribute(&f.minor, cudaDevAttrComputeCapabilityMinor, device);
-    cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, device);
+    (void)cudaDeviceGetAttribute(&f.major, cudaDevAttrComputeCapabilityMajor, device);
+    (void)cudaDeviceGetAttribute(&f.minor, cudaDevAttrComputeCapabilityMinor, device);
+    (void)cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, device);
   }
   return f;
 }

@@ -20,6 +20,11 @@ try:
 except ImportError as exc:  # CPU-only build or CPU-only torch
     _cuda_load_error = str(exc)
 
+from .rocm_fallback import register_reference_fallbacks  # noqa: E402
+
+# On a ROCm torch: reference kernels for the ops _C_cuda lacks.
+REFERENCE_BACKED_ROCM_OPS = register_reference_fallbacks()
+
 from . import ops  # noqa: E402  (fake kernels and reference-backed CPU ops)
 from .ops import REFERENCE_BACKED_CPU_OPS  # noqa: E402
 
@@ -46,6 +51,7 @@ def build_info() -> dict:
         "cuda_kernels": cuda_available(),
         "cuda_load_error": _cuda_load_error,
         "reference_backed_cpu_ops": sorted(REFERENCE_BACKED_CPU_OPS),
+        "reference_backed_rocm_ops": sorted(REFERENCE_BACKED_ROCM_OPS),
     }
 
 

@@ -16,21 +16,13 @@ from __future__ import annotations
 import torch
 
 from .constants import INDEXER_HEAD_DIM, MODEL1_HEAD_DIM
-from .reference import attention as _ref_attention
-from .reference import indexer as _ref_indexer
+from .reference import OP_IMPLS
 
 _ops = torch.ops.dsv4
 
-# Ops whose CPU kernel may still be missing; the pure-PyTorch reference stands in until it lands.
-_REFERENCE_CPU_IMPLS = {
-    "fp8_paged_mqa_logits": _ref_indexer.fp8_paged_mqa_logits_op,
-    "fp8_mqa_logits": _ref_indexer.fp8_mqa_logits_op,
-    "topk_transform": _ref_indexer.topk_transform_op,
-    "sparse_mla_decode": _ref_attention.sparse_mla_decode_op,
-    "sparse_mla_prefill": _ref_attention.sparse_mla_prefill_op,
-}
+# Ops whose CPU kernel is missing in this build run their reference (none today; reported by build_info()).
 REFERENCE_BACKED_CPU_OPS = frozenset(
-    name for name in _REFERENCE_CPU_IMPLS if not torch._C._dispatch_has_kernel_for_dispatch_key(f"dsv4::{name}", "CPU")
+    name for name in OP_IMPLS if not torch._C._dispatch_has_kernel_for_dispatch_key(f"dsv4::{name}", "CPU")
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -448,7 +440,7 @@ def _register_reference_cpu_kernels() -> None:
     """Ops without a native CPU kernel run their reference on the CPU (visible in build_info())."""
     lib = torch.library.Library("dsv4", "IMPL")
     for name in REFERENCE_BACKED_CPU_OPS:
-        lib.impl(name, _REFERENCE_CPU_IMPLS[name], "CPU")
+        lib.impl(name, OP_IMPLS[name], "CPU")
     _LIBRARIES.append(lib)
 
 

@@ -2,4 +2,14 @@
 
 from . import attention, compressor, indexer, layer, quant, writers
 
-__all__ = ["attention", "compressor", "indexer", "layer", "quant", "writers"]
+# Ops with a schema adapter (the op's exact arguments; writes outputs in place or returns them): what stands in
+# for a missing native kernel (dsv4.ops on the CPU, dsv4.rocm_fallback on ROCm).
+OP_IMPLS = {
+    "fp8_paged_mqa_logits": indexer.fp8_paged_mqa_logits_op,
+    "fp8_mqa_logits": indexer.fp8_mqa_logits_op,
+    "topk_transform": indexer.topk_transform_op,
+    "sparse_mla_decode": attention.sparse_mla_decode_op,
+    "sparse_mla_prefill": attention.sparse_mla_prefill_op,
+}
+
+__all__ = ["OP_IMPLS", "attention", "compressor", "indexer", "layer", "quant", "writers"]

@@ -1,0 +1,129 @@
+// Compressor: state rows [kv | score + ape] per raw token, then the compressed entry written by the last token of
+// each group: per-channel softmax pool over the window rows, RMSNorm, RoPE, quantize into the MODEL1 (head 512) or
+// indexer K (head 128) cache. One CTA per token: all threads pool channels, warp 0 finishes the row.
+#include "cuda/launchers.h"
+#include "cuda/portable/cache_layouts.cuh"
+
+namespace dsv4::cuda {
+namespace {
+
+constexpr int kCopyThreads = 256;
+constexpr int kPoolThreads = 128;  // channels in flight per CTA
+
+// Float offset of a state row from the state base, or -1 when the slot is outside the state cache.
+DSV4_DEVICE int64_t state_row_offset(const StateCache& s, int64_t slot) {
+  if (slot < 0 || slot >= s.num_blocks * s.block_size) return -1;
+  const int64_t block = slot / s.block_size;
+  return block * s.block_stride + (slot - block * s.block_size) * s.row_stride;
+}
+
+__global__ void __launch_bounds__(kCopyThreads) save_partial_states_kernel(SavePartialStatesParams p) {
+  for (int64_t t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+    const int64_t row = state_row_offset(p.state, index_at(p.slots, t)), pos = index_at(p.positions, t);
+    if (row < 0 || pos < 0) continue;  // no host check on CUDA: a negative position is skipped like a -1 slot
+    float* dst = p.state.base + row;
+    const float* ape = p.ape + (pos % p.ratio) * p.width;
+    const float* kv = p.kv + t * p.kv_stride;
+    const float* score = p.score + t * p.score_stride;
+    for (int64_t d = threadIdx.x; d < p.width; d += kCopyThreads) {
+      dst[d] = kv[d];
+      dst[p.width + d] = score[d] + ape[d];
+    }
+  }
+}
+
+// Normalizes, rotates and stores one pooled row (warp 0 of the CTA).
+template <int kDim>
+DSV4_DEVICE void store_compressed(const CompressNormRopeStoreParams& p, const float* pooled, int64_t slot,
+                                  int64_t rope_pos, uint8_t* entry) {
+  constexpr int kSteps = lane_steps<kDim>();
+  const int lane = lane_id();
+  float x[kSteps];
+#pragma unroll
+  for (int j = 0; j < kSteps; ++j) x[j] = pooled[j * kWarpSize + lane];
+  const float inv_rms = 1.0f / sqrtf(warp_sum_squares(x) / float(kDim) + p.eps);
+#pragma unroll
+  for (int j = 0; j < kSteps; ++j) x[j] = x[j] * inv_rms * p.norm_weight[j * kWarpSize + lane];
+  rope_lanes<kDim - kRopeDim>(x, p.rope, rope_pos, 1.0f);
+  if constexpr (kDim == kIndexerDim) {
+    round_lanes_bf16(x, 0, kSteps);
+    indexer_k_store_lanes(entry, slot_entry(p.cache, slot, p.cache.block_size * kIndexerDim, 4), x);
+  } else {
+    round_lanes_bf16(x, 0, kModel1NopeDim / kWarpSize);
+    model1_store_lanes(entry, slot_entry(p.cache, slot, p.cache.block_size * kModel1DataBytes, kModel1ScaleBytes), x);
+  }
+}
+
+template <int kDim>
+__global__ void __launch_bounds__(kPoolThreads) compress_norm_rope_store_kernel(CompressNormRopeStoreParams p) {
+  static_assert(kDim % kPoolThreads == 0, "whole channels per thread");
+  constexpr int kChannels = kDim / kPoolThreads;
+  constexpr int64_t kEntryBytes = kDim == kIndexerDim ? kIndexerDim : kModel1DataBytes;
+  __shared__ int64_t window_rows[kMaxCompressWindow];  // offset of each window row's projection half, -1: invalid
+  __shared__ float pooled[kDim];
+  const int64_t width = p.coff * kDim;
+  for (int64_t t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+    // Every condition below is the same in all threads, so skipping a token keeps the barriers aligned.
+    const int64_t pos = index_at(p.positions, t);
+    if (pos < 0 || (pos + 1) % p.ratio != 0) continue;
+    const int64_t rope_pos = (pos / p.ratio) * p.ratio, slot = index_at(p.kv_slots, t);
+    uint8_t* entry = slot_entry(p.cache, slot, 0, kEntryBytes);
+    if (!entry || !rope_row_valid(p.rope, rope_pos)) continue;
+    __syncthreads();  // the previous token's readers of the shared arrays are done
+    for (int64_t w = threadIdx.x; w < p.window; w += kPoolThreads) {
+      const int64_t row = state_row_offset(p.state, index_at(p.gather_slots, t, w));
+      window_rows[w] = row < 0 ? -1 : row + (w / p.ratio) * kDim;  // window row w pools projection half w / R
+    }
+    __syncthreads();
+    float run_max[kChannels], acc[kChannels], denom[kChannels];
+#pragma unroll
+    for (int c = 0; c < kChannels; ++c) run_max[c] = -INFINITY, acc[c] = 0.0f, denom[c] = 0.0f;
+    bool any_row = false;
+    for (int64_t w = 0; w < p.window; ++w) {
+      if (window_rows[w] < 0) continue;
+      any_row = true;
+      const float* score = p.state.base + window_rows[w] + width;
+#pragma unroll
+      for (int c = 0; c < kChannels; ++c) {
+        const float s = score[c * kPoolThreads + threadIdx.x];
+        run_max[c] = s > run_max[c] ? s : run_max[c];
+      }
+    }
+    if (!any_row) continue;  // no state row to pool: nothing is written
+    for (int64_t w = 0; w < p.window; ++w) {
+      if (window_rows[w] < 0) continue;
+      const float* kv = p.state.base + window_rows[w];
+#pragma unroll
+      for (int c = 0; c < kChannels; ++c) {
+        const int d = c * kPoolThreads + threadIdx.x;
+        const float weight = expf(kv[width + d] - run_max[c]);
+        acc[c] += weight * kv[d];
+        denom[c] += weight;
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < kChannels; ++c) pooled[c * kPoolThreads + threadIdx.x] = acc[c] / denom[c];
+    __syncthreads();
+    if (threadIdx.x < kWarpSize) store_compressed<kDim>(p, pooled, slot, rope_pos, entry);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_save_partial_states(const SavePartialStatesParams& p, cudaStream_t stream) {
+  if (p.num_tokens <= 0) return cudaSuccess;
+  save_partial_states_kernel<<<grid_blocks(p.num_tokens, 1), kCopyThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_compress_norm_rope_store(const CompressNormRopeStoreParams& p, cudaStream_t stream) {
+  if (p.num_tokens <= 0) return cudaSuccess;
+  const unsigned blocks = grid_blocks(p.num_tokens, 1);
+  if (p.head_dim == kIndexerDim)
+    compress_norm_rope_store_kernel<kIndexerDim><<<blocks, kPoolThreads, 0, stream>>>(p);
+  else
+    compress_norm_rope_store_kernel<kModel1Dim><<<blocks, kPoolThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,35 @@
+// Indexer query: RoPE on dims [64, 128) (rounded to bf16), per-(token, head) power-of-two fp8 quantization, the q
+// scale folded into the head weight. One warp per (token, head) row.
+#include "cuda/launchers.h"
+#include "cuda/portable/cache_layouts.cuh"
+
+namespace dsv4::cuda {
+namespace {
+
+__global__ void __launch_bounds__(kRowBlockThreads) indexer_q_rope_quant_kernel(IndexerQRopeQuantParams p) {
+  constexpr int kSteps = lane_steps<kIndexerDim>();
+  const int64_t rows = p.num_tokens * p.num_heads;
+  for (int64_t r = first_warp_row(); r < rows; r += warp_row_step()) {
+    const int64_t t = r / p.num_heads, h = r - t * p.num_heads;
+    const int64_t pos = index_at(p.positions, t);
+    if (!rope_row_valid(p.rope, pos)) continue;  // no host check on CUDA: the row is left unwritten
+    float x[kSteps];
+    load_lanes(p.q, p.dtype, t * p.q_stride_t + h * p.q_stride_h, x);
+    rope_lanes<kIndexerNopeDim>(x, p.rope, pos, 1.0f);
+    round_lanes_bf16(x, kIndexerNopeDim / kWarpSize, kSteps);  // the NoPE half keeps q's values
+    const int e = indexer_quantize_lanes(x, p.q_fp8 + r * kIndexerDim);
+    if (lane_id() == 0)
+      p.weights_out[r] = p.weights[t * p.w_stride_t + h] * exp2_int(e) * p.softmax_scale * p.head_scale;
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_indexer_q_rope_quant(const IndexerQRopeQuantParams& p, cudaStream_t stream) {
+  const int64_t rows = p.num_tokens * p.num_heads;
+  if (rows <= 0) return cudaSuccess;
+  indexer_q_rope_quant_kernel<<<grid_blocks(rows, kRowsPerBlock), kRowBlockThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace dsv4::cuda
