@@ -143,6 +143,13 @@ void fp8_paged_mqa_topk(Tensor q, Tensor kv_cache, Tensor weights, Tensor length
   p.w_stride = weights.stride(0);
   p.out = static_cast<int32_t*>(topk_indices.data_ptr());
   p.out_stride = topk_indices.stride(0);
+#if defined(DSV4_BACKEND_CUDA)
+  // Scores of the rows in flight: one row of the longest addressable context per CTA.
+  p.workspace_rows = cuda::paged_topk_workspace_ctas(p.rows);
+  const Tensor workspace = torch::stable::empty({p.workspace_rows, coverage}, ScalarType::Float, std::nullopt,
+                                                q.device());
+  p.workspace = static_cast<float*>(workspace.data_ptr());
+#endif
   backend_kernels().fp8_paged_mqa_topk(p);
 }
 
