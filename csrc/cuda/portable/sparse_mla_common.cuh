@@ -1,0 +1,205 @@
+// Sparse MLA pieces shared by the portable and Hopper decode tiers: a MODEL1 / V32 cache entry decoded to the
+// bf16-exact values the CPU kernels attend with (16 dims at a time or one value), the 64-entry blocks and split
+// pieces of the decode plan (common/decode_schedule.h), and the finalisation of one (query, head) row from its
+// online-softmax state into the bf16 output or an fp32 split partial.
+#pragma once
+#include <cstdint>
+
+#include "common/decode_schedule.h"
+#include "cuda/portable/common.cuh"
+
+namespace dsv4::cuda::mla {
+
+// ---- cache entry layouts (python/dsv4/reference/quant.py) ----
+constexpr int kModel1NopeDim = 448, kModel1Tile = 64, kModel1DataBytes = 576, kModel1ScaleBytes = 8;
+constexpr int kV32NopeDim = 512, kV32Tile = 128, kV32BytesPerEntry = 656;
+constexpr int kV32RopeOffset = kV32NopeDim + 16;  // after the 4 fp32 tile scales
+constexpr int kValueDim = 512;  // V is the first 512 dims of an entry in both layouts
+constexpr int kChunkDims = 16;  // dims decoded per chunk
+constexpr int kChunkWords = kChunkDims / 2;  // packed bf16 pairs per chunk
+constexpr uint8_t kNanScaleByte = 255;
+
+inline DSV4_HOST_DEVICE int entry_dims(KvLayout layout) { return layout == KvLayout::model1 ? 512 : 576; }
+inline DSV4_HOST_DEVICE int entry_chunks(KvLayout layout) { return entry_dims(layout) / kChunkDims; }
+
+// Where one entry's bytes are: data (codes, then scales for V32, then RoPE) and the MODEL1 scale bytes.
+struct EntryRef {
+  const uint8_t* data = nullptr;
+  const uint8_t* scales = nullptr;
+};
+
+// The entry at slot of a paged cache; false (and nothing read) when the slot is outside the cache.
+DSV4_DEVICE bool locate_entry(KvLayout layout, const PagedCache& c, int64_t slot, EntryRef* e) {
+  if (slot < 0 || c.block_size <= 0 || slot >= c.num_blocks * c.block_size) return false;
+  const int64_t block = slot / c.block_size, offset = slot - block * c.block_size;
+  const uint8_t* page = c.base + block * c.block_stride;
+  if (layout == KvLayout::model1) {
+    e->data = page + offset * kModel1DataBytes;
+    e->scales = page + c.block_size * kModel1DataBytes + offset * kModel1ScaleBytes;
+  } else {
+    e->data = page + offset * kV32BytesPerEntry;
+    e->scales = e->data + kV32NopeDim;
+  }
+  return true;
+}
+
+// 16 bytes as 4 little-endian words; pages need not be 16-byte aligned (any page stride is allowed).
+DSV4_DEVICE void load_16_bytes(const uint8_t* p, uint32_t w[4]) {
+  if ((reinterpret_cast<uintptr_t>(p) & 15u) == 0) {
+    const uint4 v = *reinterpret_cast<const uint4*>(p);
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    return;
+  }
+  for (int k = 0; k < 4; ++k)
+    w[k] = uint32_t(p[4 * k]) | uint32_t(p[4 * k + 1]) << 8 | uint32_t(p[4 * k + 2]) << 16 |
+           uint32_t(p[4 * k + 3]) << 24;
+}
+
+DSV4_DEVICE float load_unaligned_f32(const uint8_t* p) {
+  if ((reinterpret_cast<uintptr_t>(p) & 3u) == 0) return *reinterpret_cast<const float*>(p);
+  return __uint_as_float(uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24);
+}
+
+// 2^(b - 127) of a UE8M0 scale byte (255 is NaN, 0 the denormal 2^-127), as the CPU's model1_load.
+DSV4_DEVICE float ue8m0_scale(uint8_t b) {
+  if (b == kNanScaleByte) return __uint_as_float(0x7fc00000u);
+  return b == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(uint32_t(b) << 23);
+}
+
+// bf16 bits of e4m3(code) * scale, the product rounded once in fp32 and then to bf16 (the CPU's order).
+DSV4_DEVICE uint32_t scaled_code_bf16(uint32_t code, float scale) {
+  return f32_to_bf16(e4m3_to_f32(uint8_t(code)) * scale);
+}
+
+DSV4_DEVICE float bf16_lo(uint32_t pair) { return __uint_as_float(pair << 16); }
+DSV4_DEVICE float bf16_hi(uint32_t pair) { return __uint_as_float(pair & 0xffff0000u); }
+DSV4_DEVICE uint32_t pack_bf16(uint32_t lo, uint32_t hi) { return lo | hi << 16; }
+
+// Dims [16 * chunk, 16 * chunk + 16) of an entry as 8 packed bf16 pairs (low half: the even dim); chunk below
+// entry_chunks(layout). NoPE chunks are bf16(e4m3 * tile scale), RoPE chunks the stored bf16 values.
+DSV4_DEVICE void decode_entry_chunk(KvLayout layout, const EntryRef& e, int chunk, uint32_t out[kChunkWords]) {
+  const bool model1 = layout == KvLayout::model1;
+  const int nope_chunks = (model1 ? kModel1NopeDim : kV32NopeDim) / kChunkDims;
+  if (chunk >= nope_chunks) {
+    const uint8_t* rope = e.data + (model1 ? kModel1NopeDim : kV32RopeOffset) + (chunk - nope_chunks) * 2 * kChunkDims;
+    load_16_bytes(rope, out);
+    load_16_bytes(rope + 16, out + 4);
+    return;
+  }
+  const float scale = model1 ? ue8m0_scale(e.scales[chunk * kChunkDims / kModel1Tile])
+                             : load_unaligned_f32(e.scales + 4 * (chunk * kChunkDims / kV32Tile));
+  uint32_t codes[4];
+  load_16_bytes(e.data + chunk * kChunkDims, codes);
+  for (int i = 0; i < kChunkWords; ++i) {
+    const uint32_t two = codes[i / 2] >> (16 * (i % 2));
+    out[i] = pack_bf16(scaled_code_bf16(two & 0xffu, scale), scaled_code_bf16((two >> 8) & 0xffu, scale));
+  }
+}
+
+// Dim i of an entry as fp32 (bf16-exact), one value at a time.
+DSV4_DEVICE float decode_entry_value(KvLayout layout, const EntryRef& e, int i) {
+  const bool model1 = layout == KvLayout::model1;
+  const int nope = model1 ? kModel1NopeDim : kV32NopeDim;
+  if (i >= nope) {
+    const uint8_t* rope = e.data + (model1 ? kModel1NopeDim : kV32RopeOffset) + 2 * (i - nope);
+    return bf16_to_f32(uint16_t(rope[0] | rope[1] << 8));
+  }
+  const float scale =
+      model1 ? ue8m0_scale(e.scales[i / kModel1Tile]) : load_unaligned_f32(e.scales + 4 * (i / kV32Tile));
+  return bf16_to_f32(uint16_t(scaled_code_bf16(e.data[i], scale)));
+}
+
+// ---- the decode plan: pieces of a partition, entries of a block ----
+
+// Requests and blocks partition `part` attends (sched_meta row), clamped so a stale plan stays inside the tensors.
+struct PartitionRange {
+  int64_t begin_req = 0, end_req = -1, begin_block = 0, end_block = 0, begin_piece = 0;
+};
+
+DSV4_DEVICE PartitionRange partition_range(const SparseMlaDecodeParams& p, int64_t part) {
+  const int32_t* m = p.sched.sched_meta + part * kDecodeSchedWords;
+  PartitionRange r;
+  r.begin_req = m[0] < 0 ? 0 : m[0];
+  r.end_req = m[1] < p.b ? m[1] : p.b - 1;
+  r.begin_block = m[2], r.end_block = m[3], r.begin_piece = m[4];
+  return r;
+}
+
+// Request r's piece in a partition: blocks [block_begin, block_end), written straight to the output (direct) or
+// to split row split_row of o_accum / lse_accum; valid false when the plan points outside o_accum.
+struct DecodePiece {
+  int64_t block_begin = 0, block_end = 0, split_row = 0;
+  bool direct = true, valid = false;
+};
+
+DSV4_DEVICE DecodePiece request_piece(const SparseMlaDecodeParams& p, const PartitionRange& range, int64_t r) {
+  DecodePiece piece;
+  const int64_t blocks = request_blocks(p, r);
+  piece.block_begin = r == range.begin_req ? (range.begin_block < 0 ? 0 : range.begin_block) : 0;
+  piece.block_end = r == range.end_req ? (range.end_block < blocks ? range.end_block : blocks) : blocks;
+  const int64_t first = p.sched.num_splits[r];
+  piece.direct = p.sched.num_splits[r + 1] - first == 1;
+  piece.split_row = first + (r == range.begin_req ? range.begin_piece : 0);
+  piece.valid = piece.direct || (piece.split_row >= 0 && piece.split_row < p.b + p.sched.num_parts);
+  return piece;
+}
+
+// The index set (extra or main), first column and candidate columns (at most 64) of block `block` of request r:
+// the main set's blocks come first (at least one), then the extra set's.
+struct BlockColumns {
+  bool extra = false;
+  int64_t first = 0, count = 0;
+};
+
+DSV4_DEVICE BlockColumns block_columns(const SparseMlaDecodeParams& p, int64_t r, int64_t block) {
+  const int64_t mb = main_blocks(p, r);
+  BlockColumns b;
+  b.extra = block >= mb;
+  b.first = (b.extra ? block - mb : block) * kDecodeBlockEntries;
+  const int64_t left = set_length(b.extra ? p.extra : p.main, r) - b.first;
+  b.count = left < 0 ? 0 : (left < kDecodeBlockEntries ? left : kDecodeBlockEntries);
+  return b;
+}
+
+// Slot id at column c of an index set for query (r, s).
+DSV4_DEVICE int64_t set_slot(const SparseIndexSet& set, int64_t r, int64_t s, int64_t c) {
+  const int64_t i = r * set.stride_b + s * set.stride_s + c * set.stride_k;
+  return set.is_int64 ? static_cast<const int64_t*>(set.indices)[i] : static_cast<const int32_t*>(set.indices)[i];
+}
+
+// Offset of (split row, s, h) in o_accum (times d_v) and lse_accum ([b + num_parts, s_q, h_q]).
+DSV4_DEVICE int64_t accum_row(const SparseMlaDecodeParams& p, int64_t split_row, int64_t s, int64_t h) {
+  return (split_row * p.s_q + s) * p.h_q + h;
+}
+
+// ---- finalising one (query, head) row ----
+
+// From a row's online-softmax state (running max, sum of exp(score - max), unnormalised output acc):
+// out = acc * out_scale and its natural-log lse.
+struct RowFinish {
+  float lse;
+  float out_scale;
+};
+
+// The final row: lse = max + ln(sum), out_scale = 1 / sum times the sink factor 1 / (1 + exp(sink - lse)) (the
+// lse excludes the sink); no valid entry: out exactly 0 and lse +inf.
+DSV4_DEVICE RowFinish finish_output_row(float max, float sum, const float* attn_sink, int64_t head) {
+  if (!(sum > 0.0f)) return {INFINITY, 0.0f};
+  const float lse = max + logf(sum);
+  const float sink_factor = attn_sink ? 1.0f / (1.0f + expf(attn_sink[head] - lse)) : 1.0f;
+  return {lse, (1.0f / sum) * sink_factor};
+}
+
+// A split partial: o = acc / sum and its lse; no valid entry: zeros and lse -inf (the combine skips it).
+DSV4_DEVICE RowFinish finish_partial_row(float max, float sum) {
+  if (!(sum > 0.0f)) return {-INFINITY, 0.0f};
+  return {max + logf(sum), 1.0f / sum};
+}
+
+// Two output dims scaled and packed as bf16 (a zero scale writes +0, never -0).
+DSV4_DEVICE uint32_t scaled_bf16_pair(float a, float b, float scale) {
+  if (scale == 0.0f) return 0u;
+  return pack_bf16(f32_to_bf16(a * scale), f32_to_bf16(b * scale));
+}
+
+}  // namespace dsv4::cuda::mla
