@@ -21,6 +21,7 @@ class GpuTwins:
 
     def __init__(self) -> None:
         self.storages: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # cpu storage ptr -> (cpu bytes, gpu bytes)
+        self.originals: dict[int, torch.Tensor] = {}  # id of a GPU twin -> its CPU tensor
 
     def to_gpu(self, value):
         if isinstance(value, torch.Tensor) and value.device.type == "cpu":
@@ -31,7 +32,9 @@ class GpuTwins:
                 self.storages[key] = (cpu_bytes, cpu_bytes.to(DEVICE))
             gpu_bytes = self.storages[key][1]
             typed = torch.empty(0, dtype=value.dtype, device=DEVICE).set_(gpu_bytes.untyped_storage())
-            return typed.as_strided(value.shape, value.stride(), value.storage_offset())
+            twin = typed.as_strided(value.shape, value.stride(), value.storage_offset())
+            self.originals[id(twin)] = value
+            return twin
         if isinstance(value, (list, tuple)):
             return type(value)(self.to_gpu(v) for v in value)
         if isinstance(value, dict):
@@ -42,13 +45,13 @@ class GpuTwins:
         for cpu_bytes, gpu_bytes in self.storages.values():
             cpu_bytes.copy_(gpu_bytes)
 
-
-def _to_cpu(value):
-    if isinstance(value, torch.Tensor):
-        return value.cpu()
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_cpu(v) for v in value)
-    return value
+    def to_cpu(self, value):
+        """A returned argument (an ``out=`` buffer) comes back as the caller's CPU tensor itself."""
+        if isinstance(value, torch.Tensor):
+            return self.originals.get(id(value), value.cpu())
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.to_cpu(v) for v in value)
+        return value
 
 
 def _on_cuda(fn):
@@ -61,7 +64,7 @@ def _on_cuda(fn):
             torch.cuda.synchronize()
         finally:
             shuttle.copy_back()
-        return _to_cpu(result)
+        return shuttle.to_cpu(result)
 
     return run
 

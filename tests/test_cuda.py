@@ -105,9 +105,10 @@ def test_decode_graph_capture_and_replay(tier, monkeypatch):
     with torch.cuda.graph(graph):
         sched, _ = flash_mla.get_mla_metadata()  # planned inside the capture: replays re-plan on the device
         out, lse = flash_mla.flash_mla_with_kvcache(tile_scheduler_metadata=sched, **flashmla_kwargs(static))
-    for _ in range(2):  # new values and lengths in the static buffers, then replay
+    planned_lengths = args["topk_length"]  # the poisoned cache has real rows only within these lengths
+    for _ in range(2):  # new values and shorter lengths in the static buffers, then replay
         args["q"] = torch.randn_like(args["q"].float()).bfloat16()
-        args["topk_length"] = torch.randint(0, CASE.topk + 1, (CASE.b,), dtype=torch.int32)
+        args["topk_length"] = (torch.rand(CASE.b) * (planned_lengths + 1)).int().clamp(max=CASE.topk)
         static["q"].copy_(args["q"])
         static["topk_length"].copy_(args["topk_length"])
         graph.replay()

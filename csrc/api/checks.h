@@ -9,8 +9,8 @@
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
 #include <torch/headeronly/core/ScalarType.h>
-#include <torch/headeronly/util/Exception.h>
 
+#include "common/error.h"
 #include "common/params.h"
 
 namespace dsv4::api {
@@ -18,7 +18,7 @@ namespace dsv4::api {
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
-#define DSV4_CHECK(cond, op, ...) STD_TORCH_CHECK((cond), "dsv4::", op, ": ", __VA_ARGS__)
+#define DSV4_CHECK(cond, op, ...) DSV4_REQUIRE((cond), "dsv4::", op, ": ", __VA_ARGS__)
 
 // Cache entry geometry shared by the writers and the readers: head dim and bytes per cache entry.
 constexpr int64_t kModel1HeadDim = 512, kModel1BytesPerEntry = 584;

@@ -5,8 +5,7 @@
 #include <mutex>
 #include <string>
 
-#include <torch/headeronly/util/Exception.h>
-
+#include "common/error.h"
 #include "cpu/isa_select.h"
 #include "cpu/kernel_table.h"
 
@@ -109,10 +108,10 @@ const CpuKernels& set_isa(const std::string& requested) {
     const std::string all = supported_isas();
     name = all.substr(0, all.find(','));
   }
-  STD_TORCH_CHECK(table_for(name) != nullptr, "dsv4: unknown CPU ISA '", requested,
+  DSV4_REQUIRE(table_for(name) != nullptr, "dsv4: unknown CPU ISA '", requested,
                   "'; expected one of amx, avx512, avx2, generic, auto");
   bool amx_ready = false;
-  STD_TORCH_CHECK(tier_supported(name, &amx_ready), "dsv4: CPU ISA '", name,
+  DSV4_REQUIRE(tier_supported(name, &amx_ready), "dsv4: CPU ISA '", name,
                   "' was requested but this CPU (or OS) does not support it; supported: ", supported_isas());
   s.table.store(table_for(name));
   return *s.table.load();

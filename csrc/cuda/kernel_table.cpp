@@ -8,8 +8,8 @@
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/accelerator.h>
-#include <torch/headeronly/util/Exception.h>
 
+#include "common/error.h"
 #include "cuda/launchers.h"
 
 namespace dsv4::cuda {
@@ -17,15 +17,15 @@ namespace {
 
 cudaStream_t current_stream() {
   int device = 0;
-  STD_TORCH_CHECK(cudaGetDevice(&device) == cudaSuccess, "dsv4: cannot read the current CUDA device");
+  DSV4_REQUIRE(cudaGetDevice(&device) == cudaSuccess, "dsv4: cannot read the current CUDA device");
   void* stream = nullptr;
-  STD_TORCH_CHECK(aoti_torch_get_current_cuda_stream(device, &stream) == AOTI_TORCH_SUCCESS,
+  DSV4_REQUIRE(aoti_torch_get_current_cuda_stream(device, &stream) == AOTI_TORCH_SUCCESS,
                   "dsv4: cannot read the current CUDA stream");
   return static_cast<cudaStream_t>(stream);
 }
 
 void check_launch(const char* op, cudaError_t status) {
-  STD_TORCH_CHECK(status == cudaSuccess, "dsv4::", op, ": CUDA kernel launch failed: ", cudaGetErrorString(status));
+  DSV4_REQUIRE(status == cudaSuccess, "dsv4::", op, ": CUDA kernel launch failed: ", cudaGetErrorString(status));
 }
 
 struct DeviceFacts {
@@ -36,7 +36,7 @@ const DeviceFacts& device_facts() {
   constexpr int kMaxDevices = 64;
   static DeviceFacts facts[kMaxDevices];
   int device = 0;
-  STD_TORCH_CHECK(cudaGetDevice(&device) == cudaSuccess && device < kMaxDevices, "dsv4: bad current CUDA device");
+  DSV4_REQUIRE(cudaGetDevice(&device) == cudaSuccess && device < kMaxDevices, "dsv4: bad current CUDA device");
   DeviceFacts& f = facts[device];
   if (f.sms == 0) {  // benign race: every thread writes the same values
     (void)cudaDeviceGetAttribute(&f.major, cudaDevAttrComputeCapabilityMajor, device);

@@ -110,14 +110,16 @@ class DeepseekV4Attention(torch.nn.Module):
         generator = torch.Generator().manual_seed(seed)
         for name, buffer in self.named_buffers():
             leaf = name.rsplit(".", 1)[-1]
+            values = torch.empty(buffer.shape, dtype=buffer.dtype)  # drawn on the CPU: the same weights on any device
             if leaf in ("norm", "q_norm", "kv_norm"):
-                buffer.uniform_(1 - NORM_WEIGHT_SPREAD / 2, 1 + NORM_WEIGHT_SPREAD / 2, generator=generator)
+                values.uniform_(1 - NORM_WEIGHT_SPREAD / 2, 1 + NORM_WEIGHT_SPREAD / 2, generator=generator)
             elif leaf == "ape":
-                buffer.normal_(0.0, APE_STD, generator=generator)
+                values.normal_(0.0, APE_STD, generator=generator)
             elif leaf == "attn_sink":
-                buffer.normal_(SINK_MEAN, SINK_STD, generator=generator)
+                values.normal_(SINK_MEAN, SINK_STD, generator=generator)
             else:
-                buffer.normal_(0.0, buffer.shape[1] ** -0.5, generator=generator)
+                values.normal_(0.0, buffer.shape[1] ** -0.5, generator=generator)
+            buffer.copy_(values)
 
     def forward(self, hidden_states: torch.Tensor, step: StepMetadata, caches: LayerCaches,
                 timer=NULL_TIMER) -> torch.Tensor:

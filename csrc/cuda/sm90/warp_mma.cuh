@@ -1,5 +1,5 @@
-// PTX building blocks of the Hopper tier: bf16 mma.sync m16n8k16 with its ldmatrix operand loads, 8-byte
-// cp.async gathers, pair barriers, and the e4m3 / bf16 packed conversions.
+// PTX building blocks of the Hopper tier: cp.async gathers, pair barriers, the async-proxy fence that makes
+// plain shared-memory stores visible to wgmma, and the e4m3 / bf16 packed conversions.
 #pragma once
 #include <cstdint>
 
@@ -11,28 +11,6 @@ namespace dsv4::cuda::sm90 {
 
 DSV4_SM90_DEVICE uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, register i receives it.
-DSV4_SM90_DEVICE void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
-}
-// The same, each matrix transposed: rows in smem become the k dimension of a B operand.
-DSV4_SM90_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t address) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
-}
-
-// d += a (16x16 bf16, row) * b (16x8 bf16, col), fp32 accumulators.
-DSV4_SM90_DEVICE void mma_bf16_16x8x16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // Asynchronous 8- / 16-byte global -> shared copies (both ends aligned to the size), completed by
@@ -51,10 +29,20 @@ DSV4_SM90_DEVICE void named_barrier(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Orders this thread's earlier shared-memory stores before later wgmma reads of them (after a barrier).
+DSV4_SM90_DEVICE void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
 // (lo, hi) -> bf16x2, round to nearest even; lo in the low half.
 DSV4_SM90_DEVICE uint32_t pack_bf16x2(float lo, float hi) {
   uint32_t r;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Lane-wise bf16x2 product, rounded to nearest even (subnormals kept).
+DSV4_SM90_DEVICE uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
   return r;
 }
 
