@@ -79,8 +79,11 @@ class CommonAttentionMetadata:
         return self.query_start_loc_cpu[1:] - self.query_start_loc_cpu[:-1]
 
     def for_group(self, block_table: torch.Tensor, slot_mapping: torch.Tensor) -> CommonAttentionMetadata:
-        """The same batch seen through another KV-cache group's block table and slot mapping."""
-        return replace(self, block_table_tensor=block_table, slot_mapping=slot_mapping)
+        """The same batch seen through another KV-cache group's block table and slot mapping (moved to the
+        batch's device)."""
+        device = self.seq_lens.device
+        return replace(self, block_table_tensor=block_table.to(device=device, dtype=torch.int32),
+                       slot_mapping=slot_mapping.to(device=device, dtype=torch.int64))
 
     def token_requests(self) -> torch.Tensor:
         """int64 ``[T]`` request index of every actual token."""

@@ -98,11 +98,11 @@ def dense_attention(layer, hidden: torch.Tensor, query_positions: torch.Tensor, 
     """fp32 ``[Q, hidden_size]`` outputs of ``layer`` (a :class:`dsv4.layer.DeepseekV4Attention`) for the tokens
     at ``query_positions`` of one request whose token inputs are ``hidden [L, hidden_size]`` (positions 0..L-1)."""
     config, ratio = layer.config, layer.compress_ratio
-    weights = {name: value.float() for name, value in layer.state_dict().items()}
-    cos_sin, eps = layer.cos_sin_cache, config.rms_norm_eps
+    weights = {name: value.float().cpu() for name, value in layer.state_dict().items()}  # computed on the CPU
+    cos_sin, eps = layer.cos_sin_cache.cpu(), config.rms_norm_eps
     stored = model1_round_trip if fp8_storage else _no_rounding
-    x = hidden.float()
-    length, queries = x.shape[0], query_positions.long()
+    x = hidden.float().cpu()
+    length, queries = x.shape[0], query_positions.long().cpu()
     qr, kv = (x @ weights["wqa_wkv"].T).split([config.q_lora_rank, config.head_dim], dim=-1)
     qr, kv = _rms(qr, weights["q_norm"], eps), _rms(kv, weights["kv_norm"], eps)
     q = (qr[queries] @ weights["wq_b"].T).view(len(queries), config.num_attention_heads, config.head_dim)
@@ -127,4 +127,4 @@ def dense_attention(layer, hidden: torch.Tensor, query_positions: torch.Tensor, 
     groups = config.o_groups
     grouped = out.reshape(len(queries), groups, -1)
     low_rank = torch.einsum("qgk,gok->qgo", grouped, weights["wo_a"].view(groups, config.o_lora_rank, -1))
-    return low_rank.reshape(len(queries), -1) @ weights["wo_b"].T
+    return (low_rank.reshape(len(queries), -1) @ weights["wo_b"].T).to(hidden.device)
