@@ -22,7 +22,7 @@ def deepgemm_cache(num_blocks: int) -> torch.Tensor:
     return pages[:, : BLOCK_KV * (DIM + 4)].view(num_blocks, BLOCK_KV, 1, DIM + 4)
 
 
-def test_paged_logits_uses_the_4d_view_block_size():
+def test_paged_logits_uses_the_4d_view_block_size(isa):
     cache = deepgemm_cache(4)
     q = fp8(2, 1, HEADS, DIM)
     weights = torch.randn(2, HEADS)
@@ -50,7 +50,7 @@ def test_metadata_splits_segments_evenly():
     assert deep_gemm.get_paged_mqa_logits_metadata(torch.zeros(3, dtype=torch.int32), 64, 4).shape == (5, 2)
 
 
-def test_ragged_logits_and_compressed_columns():
+def test_ragged_logits_and_compressed_columns(isa):
     q, k = fp8(5, HEADS, DIM), fp8(40, DIM)
     k_scale, weights = torch.rand(40) + 0.5, torch.randn(5, HEADS)
     ks = torch.tensor([0, 3, 10, 39, 5], dtype=torch.int32)

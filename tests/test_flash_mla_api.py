@@ -42,7 +42,7 @@ def test_get_mla_metadata_returns_a_fresh_schedule():
 
 
 @pytest.mark.parametrize("d_qk", [MODEL1_HEAD_DIM, V32_HEAD_DIM])
-def test_decode_matches_the_op(d_qk):
+def test_decode_matches_the_op(isa, d_qk):
     args = decode_inputs(DecodeCase(d_qk, b=2, s_q=2, h_q=8, topk=70, page=5, extra_topk=20, extra_page=3,
                                     topk_length=True))
     sched, _ = flash_mla.get_mla_metadata()
@@ -62,7 +62,7 @@ def test_default_scale_and_ignored_block_table():
     assert torch.equal(out, expected[0]) and torch.equal(lse, expected[1])
 
 
-def test_out_buffer_is_written_and_returned():
+def test_out_buffer_is_written_and_returned(isa):
     args = decode_inputs(CASE)
     buffer = torch.full((3, 2, 16, D_V), 7.0).bfloat16()
     out, _ = flash_mla.flash_mla_with_kvcache(tile_scheduler_metadata=flash_mla.get_mla_metadata()[0], out=buffer,
@@ -143,7 +143,7 @@ def test_argument_errors_come_from_the_op():
                                          **{**kwargs, "head_dim_v": 576})
 
 
-def test_sparse_fwd_matches_the_op():
+def test_sparse_fwd_matches_the_op(isa):
     args = prefill_inputs(PrefillCase(s_q=4, h_q=16, s_kv=90, topk=40, topk_length=True))
     out, max_logits, lse = flash_mla.flash_mla_sparse_fwd(args["q"], args["kv"], args["indices"], args["sm_scale"],
                                                           attn_sink=args["attn_sink"], topk_length=args["topk_length"])
