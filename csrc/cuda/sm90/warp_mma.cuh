@@ -1,4 +1,4 @@
-// PTX building blocks of the Hopper tier: cp.async gathers, pair barriers, the async-proxy fence that makes
+// PTX building blocks of the Hopper tier: cp.async gathers, the async-proxy fence that makes
 // plain shared-memory stores visible to wgmma, and the e4m3 / bf16 packed conversions.
 #pragma once
 #include <cstdint>
@@ -23,11 +23,8 @@ DSV4_SM90_DEVICE void cp_async_16(uint32_t dst, const void* src) {
 }
 DSV4_SM90_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 DSV4_SM90_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
-// Barrier of `threads` threads (a multiple of 32) on hardware barrier `id` (0 is __syncthreads').
-DSV4_SM90_DEVICE void named_barrier(uint32_t id, uint32_t threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
+// Waits for all but the most recently committed group.
+DSV4_SM90_DEVICE void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
 // Orders this thread's earlier shared-memory stores before later wgmma reads of them (after a barrier).
 DSV4_SM90_DEVICE void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
