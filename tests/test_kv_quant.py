@@ -416,3 +416,10 @@ def test_indexer_k_quant_insert_rejects(case):
     args.update(overrides)
     assert_rejects(ops.indexer_k_quant_insert, args, f"dsv4::indexer_k_quant_insert.*{pattern}",
                    unchanged=("kv_cache",))
+
+
+def test_huge_block_size_is_rejected():
+    """block_size * bytes per entry would wrap around 2^64; the page check must not be fooled into a write."""
+    cache = random_pages(1, 584)
+    with pytest.raises(RuntimeError, match="fewer than block_size"):
+        ops.quantize_kv_insert(torch.randn(1, 512).bfloat16(), torch.tensor([1]), cache, 2**62)

@@ -261,3 +261,11 @@ def test_bad_inputs_raise_before_running(arg, corrupt, message):
     corrupt(args)
     with pytest.raises(RuntimeError, match=f"dsv4::sparse_mla_decode: argument '{arg}' .*{message}"):
         ops.sparse_mla_decode(**args)
+
+
+@pytest.mark.parametrize("b,s_q", [(1, 0), (0, 1)])
+def test_schedule_of_an_empty_step(b, s_q):
+    """No query rows (or no requests) plan without dividing by zero."""
+    q = torch.randn(b, s_q, 16, MODEL1_HEAD_DIM).bfloat16()
+    meta, splits = ops.sparse_mla_decode_schedule(q, torch.zeros(b, s_q, 64, dtype=torch.int32))
+    assert meta.shape[1] == 8 and splits.shape == (b + 1,)

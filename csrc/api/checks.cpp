@@ -81,8 +81,9 @@ PagedCache paged_cache(Arg a, const Tensor& t, int64_t block_size, int64_t bytes
     expected_stride *= t.size(d);
     page_bytes *= t.size(d);
   }
-  DSV4_CHECK(page_bytes >= block_size * bytes_per_entry, a.op, "argument '", a.name, "' pages hold ", page_bytes,
-             " bytes but block_size ", block_size, " x ", bytes_per_entry, " bytes per entry needs ", block_size * bytes_per_entry);
+  // Compared by division: block_size * bytes_per_entry could wrap around for a huge block_size.
+  DSV4_CHECK(block_size <= page_bytes / bytes_per_entry, a.op, "argument '", a.name, "' pages hold ", page_bytes,
+             " bytes, fewer than block_size ", block_size, " entries of ", bytes_per_entry, " bytes");
   DSV4_CHECK(t.size(0) <= 1 || t.stride(0) >= page_bytes, a.op, "argument '", a.name, "' page stride ", t.stride(0),
              " is smaller than the page size ", page_bytes);
   PagedCache c;

@@ -6,6 +6,7 @@
 
 #include "api/backend.h"
 #include "api/checks.h"
+#include "common/decode_schedule.h"
 
 namespace dsv4::api {
 namespace {
@@ -66,8 +67,7 @@ int64_t decode_parts(int64_t s_q, int64_t h_q) {
 #if defined(DSV4_BACKEND_CUDA)
   return cuda::decode_num_parts(s_q, h_q);
 #else
-  const int64_t parts = torch::stable::get_num_threads() / (s_q * ((h_q + 63) / 64));
-  return parts > 1 ? parts : 1;
+  return decode_partitions(torch::stable::get_num_threads(), s_q, h_q);
 #endif
 }
 
@@ -126,7 +126,7 @@ std::tuple<Tensor, Tensor> sparse_mla_decode_schedule(Tensor q, Tensor indices, 
   check_same_device(op, q, {{"indices", &indices}, {"topk_length", present(topk_length)},
                             {"extra_indices", present(extra_indices)},
                             {"extra_topk_length", present(extra_topk_length)}});
-  check_dim({op, "q"}, q, 4);
+  check_query(op, q, 4, kHeadDimV);
   SparseMlaDecodeParams p;
   p.b = q.size(0), p.s_q = q.size(1), p.h_q = q.size(2), p.d_qk = q.size(3);
   decode_index_sets(op, p, indices, topk_length, extra_indices, extra_topk_length, PagedCache{}, PagedCache{});

@@ -13,6 +13,14 @@
 
 namespace dsv4 {
 
+// Partitions of a plan: `units` (SMs on CUDA, intra-op threads on the CPU) shared by the s_q rows and 64-head
+// groups of a step; at least one.
+inline int64_t decode_partitions(int64_t units, int64_t s_q, int64_t h_q) {
+  const int64_t work = s_q * ((h_q + 63) / 64);
+  const int64_t parts = work > 0 ? units / work : units;
+  return parts > 1 ? parts : 1;
+}
+
 DSV4_HOST_DEVICE inline int64_t schedule_index(const IndexView& v, int64_t i) {
   const int64_t at = i * v.row_stride;
   return v.is_int64 ? static_cast<const int64_t*>(v.data)[at] : static_cast<const int32_t*>(v.data)[at];

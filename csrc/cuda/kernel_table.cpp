@@ -9,6 +9,7 @@
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/accelerator.h>
 
+#include "common/decode_schedule.h"
 #include "common/error.h"
 #include "cuda/launchers.h"
 
@@ -110,11 +111,7 @@ const KernelTable& kernels() {
 
 int64_t num_sms() { return device_facts().sms; }
 
-int64_t decode_num_parts(int64_t s_q, int64_t h_q) {
-  const int64_t head_groups = (h_q + 63) / 64;
-  const int64_t parts = num_sms() / (s_q * head_groups);
-  return parts > 1 ? parts : 1;
-}
+int64_t decode_num_parts(int64_t s_q, int64_t h_q) { return decode_partitions(num_sms(), s_q, h_q); }
 
 int64_t paged_topk_workspace_ctas(int64_t rows) {
   const int64_t ctas = 2 * num_sms();

@@ -331,7 +331,8 @@ def sparse_mla_decode_schedule(
     Every request's entries (main set rounded up to 64-entry blocks, then the extra set) are cut into
     ``num_parts`` partitions of about equal cost, one persistent CTA group each on CUDA. Returns
     ``tile_scheduler_metadata`` int32 ``[num_parts, 8]`` and ``num_splits`` int32 ``[b + 1]``; valid for
-    sparse_mla_decode calls with the same shapes and lengths (no host synchronisation: CUDA-graph safe).
+    sparse_mla_decode calls with the same shapes and lengths (no host synchronisation: CUDA-graph safe). As
+    with FlashMLA, a plan made for other lengths gives unspecified outputs (never an access outside the tensors).
     """
     return _ops.sparse_mla_decode_schedule(q, indices, topk_length, extra_indices, extra_topk_length)
 
@@ -340,7 +341,8 @@ def decode_schedule_parts(device: torch.device, s_q: int, h_q: int) -> int:
     """Partitions of a decode plan on device: SMs on CUDA, intra-op threads on the CPU, per (s_q, 64 heads)."""
     units = (torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda"
              else torch.get_num_threads())
-    return max(units // (s_q * ((h_q + 63) // 64)), 1)
+    work = s_q * ((h_q + 63) // 64)
+    return max(units // work if work else units, 1)
 
 
 def sparse_mla_prefill(

@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(kPoolThreads) compress_norm_rope_store_kernel(
   for (int64_t t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
     // Every condition below is the same in all threads, so skipping a token keeps the barriers aligned.
     const int64_t pos = index_at(p.positions, t);
-    if (pos < 0 || (pos + 1) % p.ratio != 0) continue;
+    if (pos < 0 || pos % p.ratio != p.ratio - 1) continue;  // not an entry's last token (no pos + 1 overflow)
     const int64_t rope_pos = (pos / p.ratio) * p.ratio, slot = index_at(p.kv_slots, t);
     uint8_t* entry = slot_entry(p.cache, slot, 0, kEntryBytes);
     if (!entry || !rope_row_valid(p.rope, rope_pos)) continue;

@@ -248,6 +248,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     finish_rows(p, target, head0, row_group, half, lane, st, kv_tile);
   }
+  cp_async_wait_all();  // a last piece without blocks must not leave its q copies in flight at exit
 }
 
 constexpr int64_t kMaxGridYZ = 65535;
