@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compile-only check of the CUDA kernels (no GPU needed): configures CMake in a temporary build folder for the
-# portable tier on sm_80 and the Hopper tier on sm_90a, builds the object libraries (portable kernels, Hopper
+# portable tier on sm_80 and sm_90a and the Hopper tier on sm_90a, builds the object libraries (portable kernels, Hopper
 # kernels, CUDA bindings) and prints the ptxas registers / stack / spills of every sm_90a function. Fails on any
 # compile error and when a Hopper function spills. Needs nvcc (on PATH or in /usr/local/cuda/bin) and the
 # project's venv (torch headers; set PYTHON to use another interpreter).
@@ -35,14 +35,14 @@ compgen -G "$repo_root/csrc/cuda/sm90/*.cu" >/dev/null || sm90=OFF
 
 run_logged "$build/configure.log" cmake -S "$repo_root" -B "$build" -G Ninja \
   -DDSV4_PYTHON="$python" -DCMAKE_CUDA_COMPILER="$nvcc" \
-  -DDSV4_ENABLE_CUDA=ON -DDSV4_CUDA_COMPILE_ONLY=ON -DDSV4_CUDA_ARCHS=80 \
+  -DDSV4_ENABLE_CUDA=ON -DDSV4_CUDA_COMPILE_ONLY=ON "-DDSV4_CUDA_ARCHS=80;90a" \
   -DDSV4_CUDA_SM90=$sm90 -DDSV4_CUDA_PTXAS_REPORT=ON || fail "CMake configure failed"
 echo "cuda_compile_check: nvcc $("$nvcc" --version | grep -o "release [0-9.]*")"
 
 run_logged "$build/portable.log" cmake --build "$build" --parallel "$jobs" \
   --target dsv4_cuda_portable dsv4_cuda_bindings || fail "portable tier or bindings do not compile"
 grep -i "warning" "$build/portable.log" >&2 || true
-echo "cuda_compile_check: portable tier (sm_80) and bindings compile"
+echo "cuda_compile_check: portable tier (sm_80, sm_90a) and bindings compile"
 
 [[ $sm90 == ON ]] || exit 0
 # The Hopper tier on its own, so its log holds only sm_90a ptxas reports.
