@@ -38,7 +38,9 @@ struct ScratchBuffer {
 
 // One thread's buffers for one query (sized for 128 heads, d_qk 576) and its list of attended rows.
 struct AttentionBuffers {
-  uint16_t *keys, *values, *qpack, *probs;
+  uint16_t *keys, *values;
+  QueryElement* qpack;
+  ProbElement* probs;
   float *scores, *state;
   AttendedRow* rows;
 };
@@ -46,7 +48,8 @@ struct AttentionBuffers {
 inline AttentionBuffers thread_buffers(int64_t max_rows) {
   constexpr int64_t kBf16 = sizeof(uint16_t), kF32 = sizeof(float);
   const int64_t sizes[] = {kStageRows * kMaxQkDim * kBf16, kValueRows * kValueDim * kBf16,
-                           kMaxHeads * kMaxQkDim * kBf16, kMaxHeads * kValueRows * kBf16, kValueRows * kMaxHeads * kF32,
+                           kMaxHeads * kMaxQkDim * int64_t(sizeof(QueryElement)),
+                           kMaxHeads * kValueRows * int64_t(sizeof(ProbElement)), kValueRows * kMaxHeads * kF32,
                            softmax_state_floats(kMaxHeads) * kF32, max_rows * int64_t(sizeof(AttendedRow))};
   constexpr int kRegions = sizeof(sizes) / sizeof(sizes[0]);
   int64_t total = 0;
@@ -56,7 +59,7 @@ inline AttentionBuffers thread_buffers(int64_t max_rows) {
   uint8_t* region[kRegions];
   for (int i = 0; i < kRegions; ++i) region[i] = p, p += round_up(sizes[i], kBufferAlign);
   return {reinterpret_cast<uint16_t*>(region[0]), reinterpret_cast<uint16_t*>(region[1]),
-          reinterpret_cast<uint16_t*>(region[2]), reinterpret_cast<uint16_t*>(region[3]),
+          reinterpret_cast<QueryElement*>(region[2]), reinterpret_cast<ProbElement*>(region[3]),
           reinterpret_cast<float*>(region[4]), reinterpret_cast<float*>(region[5]),
           reinterpret_cast<AttendedRow*>(region[6])};
 }

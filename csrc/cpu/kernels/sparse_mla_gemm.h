@@ -1,12 +1,23 @@
 // The two products of sparse MLA attention on staged bf16 rows, per ISA: scores S^T = K Q^T (rows x heads,
 // so the softmax runs across heads in vector lanes) and acc += P V. Layouts (all bf16 unless noted):
 //   keys    [rows][d_qk]                   row-major staged rows (the AMX A operand)
-//   qpack   [hp/16][d_qk/32][16][16][2]    Q^T in VNNI pairs, one 1 KiB tile per (head block, dim block)
+//   qpack   [hp/16][d_qk/32][16][16][2]    Q^T in VNNI pairs, one 1 KiB tile per (head block, dim block);
+//           AVX-512 tier: fp32 [hp/16][576][16] (dims past d_qk unused)
 //   scores  fp32 [rows][hp]
-//   probs   [hp][rows]                     P, row-major per head
+//   probs   [hp][rows]                     P, row-major per head; AVX-512 tier: fp32 [rows][hp] holding bf16 values
 //   values  [rows/2][512][2]               V in VNNI pairs (rows 2e, 2e+1 interleaved)
 //   acc     fp32 [hp][512]
 // rows is a multiple of kRowBlock; hp (heads padded) a multiple of kHeadBlock.
+
+#if defined(__AVX512BF16__) && !defined(__AMX_BF16__)
+// vdpbf16ps issues at a quarter of vfmadd231ps's rate (Sapphire Rapids), so this tier widens bf16 to fp32
+// (exactly) and multiplies with fp32 FMAs: twice the products per cycle.
+using QueryElement = float;
+using ProbElement = float;
+#else
+using QueryElement = uint16_t;
+using ProbElement = uint16_t;
+#endif
 
 constexpr int64_t kMaxHeads = 128;  // FlashMLA's limit; buffers are sized for it
 constexpr int64_t kHeadBlock = 16;  // heads per packed query tile
@@ -28,19 +39,28 @@ inline int32_t load_pair(const uint16_t* p) {
 
 // Packs heads [0, heads) of q (bf16, head stride q_stride_h) into qpack; heads in [heads, hp) are zero.
 inline void pack_query(const uint16_t* q, int64_t q_stride_h, int64_t heads, int64_t hp, int64_t d_qk,
-                       uint16_t* qpack) {
+                       QueryElement* qpack) {
   for (int64_t g = 0; g < hp / kHeadBlock; ++g) {
     for (int64_t k = 0; k < d_qk / kDimBlock; ++k) {
-      uint16_t* tile = qpack + query_tile(d_qk, g, k);
 #if defined(__AVX512BF16__)
       __m512i r[kHeadBlock];
       for (int64_t i = 0; i < kHeadBlock; ++i) {
         const int64_t h = g * kHeadBlock + i;
         r[i] = h < heads ? _mm512_loadu_si512(q + h * q_stride_h + k * kDimBlock) : _mm512_setzero_si512();
       }
-      transpose_16x16_epi32(r);
+      transpose_16x16_epi32(r);  // r[pair]: the 16 heads' dims 2 pair, 2 pair + 1
+#if defined(__AMX_BF16__)
+      uint16_t* tile = qpack + query_tile(d_qk, g, k);
       for (int64_t i = 0; i < kHeadBlock; ++i) _mm512_storeu_si512(tile + i * kDimBlock, r[i]);
 #else
+      float* dims = qpack + (g * kMaxQkDim + k * kDimBlock) * kHeadBlock;
+      for (int64_t pair = 0; pair < kDimBlock / 2; ++pair) {
+        _mm512_storeu_ps(dims + 2 * pair * kHeadBlock, even_bf16(r[pair]));
+        _mm512_storeu_ps(dims + (2 * pair + 1) * kHeadBlock, odd_bf16(r[pair]));
+      }
+#endif
+#else
+      uint16_t* tile = qpack + query_tile(d_qk, g, k);
       for (int64_t pair = 0; pair < kDimBlock / 2; ++pair)
         for (int64_t i = 0; i < kHeadBlock; ++i)
           for (int64_t j = 0; j < 2; ++j) {
@@ -129,58 +149,88 @@ inline void accumulate_values(const uint16_t* probs, int64_t rows, const uint16_
 }
 
 #elif defined(__AVX512BF16__)
-constexpr int64_t kScoreRows = 8;  // rows per register block of the scores product
-constexpr int64_t kValueHeads = 8, kValueVecs = 2;  // register block of the P.V product: heads x 16-dim vectors
+constexpr int64_t kScoreRows = 8;  // key rows per register block of the scores product
+constexpr int64_t kScoreGroups = 3;  // head groups per block: 8 x 3 accumulators + 3 query vectors fit 32 registers
+constexpr int64_t kValueHeads = 12;  // heads per register block of the P.V product, times 2 dim vectors
+constexpr int64_t kValueDims = 32;  // dims of V widened at a time and shared by every head
+constexpr int64_t kValueChunk = 128;  // rows of V widened at a time: 16 KiB, stays in L1 across the head blocks
 
+// S^T for kScoreRows widened key rows and kGroups head groups of the fp32 query; both have row stride
+// kMaxQkDim, so every operand is one pointer plus a constant offset.
 template <int kGroups>
-inline void scores_block(const uint16_t* keys, int64_t d_qk, const uint16_t* qpack, int64_t g, float* out, int64_t hp) {
+inline void scores_block(const float* keys, int64_t d_qk, const float* query, float* out, int64_t hp) {
   __m512 acc[kScoreRows][kGroups];
   for (auto& row : acc)
     for (auto& v : row) v = _mm512_setzero_ps();
-  for (int64_t k = 0; k < d_qk / kDimBlock; ++k) {
-    for (int64_t pair = 0; pair < kDimBlock / 2; ++pair) {
-      __m512bh b[kGroups];
-      for (int j = 0; j < kGroups; ++j)
-        b[j] = (__m512bh)_mm512_loadu_si512(qpack + query_tile(d_qk, g + j, k) + pair * kDimBlock);
-      for (int64_t r = 0; r < kScoreRows; ++r) {
-        const __m512bh a = (__m512bh)_mm512_set1_epi32(load_pair(keys + r * d_qk + k * kDimBlock + 2 * pair));
-        for (int j = 0; j < kGroups; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], a, b[j]);
-      }
+  for (int64_t d = 0; d < d_qk; ++d) {
+    __m512 b[kGroups];
+    for (int j = 0; j < kGroups; ++j) b[j] = _mm512_loadu_ps(query + (j * kMaxQkDim + d) * kHeadBlock);
+    for (int64_t r = 0; r < kScoreRows; ++r) {
+      const __m512 a = _mm512_set1_ps(keys[r * kMaxQkDim + d]);
+      for (int j = 0; j < kGroups; ++j) acc[r][j] = _mm512_fmadd_ps(a, b[j], acc[r][j]);
     }
   }
   for (int64_t r = 0; r < kScoreRows; ++r)
-    for (int j = 0; j < kGroups; ++j) _mm512_storeu_ps(out + r * hp + (g + j) * kHeadBlock, acc[r][j]);
+    for (int j = 0; j < kGroups; ++j) _mm512_storeu_ps(out + r * hp + j * kHeadBlock, acc[r][j]);
 }
 
-inline void attention_scores(const uint16_t* keys, int64_t d_qk, int64_t rows, const uint16_t* qpack, int64_t hp,
+inline void attention_scores(const uint16_t* keys, int64_t d_qk, int64_t rows, const float* qpack, int64_t hp,
                              float* out) {
-  const int64_t groups = hp / kHeadBlock;
-  for (int64_t g = 0; g < groups; g += 2)
-    for (int64_t i = 0; i < rows; i += kScoreRows) {
-      if (g + 1 < groups) scores_block<2>(keys + i * d_qk, d_qk, qpack, g, out + i * hp, hp);
-      else scores_block<1>(keys + i * d_qk, d_qk, qpack, g, out + i * hp, hp);
-    }
-}
-
-inline void accumulate_values(const uint16_t* probs, int64_t rows, const uint16_t* values, int64_t hp, float* acc) {
-  for (int64_t d = 0; d < kValueDim; d += kValueVecs * 16) {
-    for (int64_t h = 0; h < hp; h += kValueHeads) {
-      __m512 c[kValueHeads][kValueVecs];
-      for (int64_t r = 0; r < kValueHeads; ++r)
-        for (int64_t j = 0; j < kValueVecs; ++j) c[r][j] = _mm512_loadu_ps(acc + (h + r) * kValueDim + d + 16 * j);
-      for (int64_t e = 0; e < rows / 2; ++e) {
-        __m512bh v[kValueVecs];
-        for (int64_t j = 0; j < kValueVecs; ++j)
-          v[j] = (__m512bh)_mm512_loadu_si512(values + e * kValuePairStride + 2 * (d + 16 * j));
-        for (int64_t r = 0; r < kValueHeads; ++r) {
-          const __m512bh p = (__m512bh)_mm512_set1_epi32(load_pair(probs + (h + r) * rows + 2 * e));
-          for (int64_t j = 0; j < kValueVecs; ++j) c[r][j] = _mm512_dpbf16_ps(c[r][j], p, v[j]);
-        }
+  alignas(64) float wide[kScoreRows * kMaxQkDim];
+  const int64_t groups = hp / kHeadBlock, blocks = (groups + kScoreGroups - 1) / kScoreGroups;
+  for (int64_t i = 0; i < rows; i += kScoreRows) {
+    for (int64_t r = 0; r < kScoreRows; ++r)
+      for (int64_t d = 0; d < d_qk; d += 16) {
+        const __m256i key = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(keys + (i + r) * d_qk + d));
+        _mm512_store_ps(wide + r * kMaxQkDim + d, widen_bf16(key));
       }
-      for (int64_t r = 0; r < kValueHeads; ++r)
-        for (int64_t j = 0; j < kValueVecs; ++j) _mm512_storeu_ps(acc + (h + r) * kValueDim + d + 16 * j, c[r][j]);
+    for (int64_t b = 0; b < blocks; ++b) {  // blocks of even width: a lone group reuses each key broadcast once
+      const int64_t g = groups * b / blocks, width = groups * (b + 1) / blocks - g;
+      const float* query = qpack + g * kMaxQkDim * kHeadBlock;
+      float* block = out + i * hp + g * kHeadBlock;
+      if (width == 3) scores_block<3>(wide, d_qk, query, block, hp);
+      else if (width == 2) scores_block<2>(wide, d_qk, query, block, hp);
+      else scores_block<1>(wide, d_qk, query, block, hp);
     }
   }
+}
+
+// acc[h][0, 32) += sum_e P[e][h] V[e][0, 32) over e < chunk for kHeads heads (P rows hp apart), V widened
+// to fp32 [chunk][32].
+template <int kHeads>
+inline void values_block(const float* probs, int64_t hp, int64_t chunk, const float* wide, float* acc) {
+  __m512 c[kHeads][2];
+  for (int64_t r = 0; r < kHeads; ++r)
+    for (int64_t j = 0; j < 2; ++j) c[r][j] = _mm512_loadu_ps(acc + r * kValueDim + 16 * j);
+  for (int64_t e = 0; e < chunk; ++e) {
+    const __m512 v0 = _mm512_load_ps(wide + e * kValueDims), v1 = _mm512_load_ps(wide + e * kValueDims + 16);
+    for (int64_t r = 0; r < kHeads; ++r) {
+      const __m512 p = _mm512_set1_ps(probs[e * hp + r]);
+      c[r][0] = _mm512_fmadd_ps(p, v0, c[r][0]);
+      c[r][1] = _mm512_fmadd_ps(p, v1, c[r][1]);
+    }
+  }
+  for (int64_t r = 0; r < kHeads; ++r)
+    for (int64_t j = 0; j < 2; ++j) _mm512_storeu_ps(acc + r * kValueDim + 16 * j, c[r][j]);
+}
+
+inline void accumulate_values(const float* probs, int64_t rows, const uint16_t* values, int64_t hp, float* acc) {
+  alignas(64) float wide[kValueChunk * kValueDims];
+  for (int64_t d = 0; d < kValueDim; d += kValueDims)
+    for (int64_t e0 = 0; e0 < rows; e0 += kValueChunk) {
+      const int64_t chunk = rows - e0 < kValueChunk ? rows - e0 : kValueChunk;
+      for (int64_t e = 0; e < chunk / 2; ++e)
+        for (int64_t j = 0; j < kValueDims; j += 16) {
+          const __m512i pairs = _mm512_loadu_si512(values + (e0 / 2 + e) * kValuePairStride + 2 * (d + j));
+          _mm512_store_ps(wide + 2 * e * kValueDims + j, even_bf16(pairs));
+          _mm512_store_ps(wide + (2 * e + 1) * kValueDims + j, odd_bf16(pairs));
+        }
+      int64_t h = 0;  // hp is a multiple of 16, so 0, 4 or 8 heads are left past the blocks of 12
+      for (; h + kValueHeads <= hp; h += kValueHeads)
+        values_block<kValueHeads>(probs + e0 * hp + h, hp, chunk, wide, acc + h * kValueDim + d);
+      if (hp - h == 8) values_block<8>(probs + e0 * hp + h, hp, chunk, wide, acc + h * kValueDim + d);
+      else if (hp - h == 4) values_block<4>(probs + e0 * hp + h, hp, chunk, wide, acc + h * kValueDim + d);
+    }
 }
 
 #elif defined(__AVX2__)

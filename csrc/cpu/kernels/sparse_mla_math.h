@@ -27,6 +27,15 @@ inline void transpose_16x16_epi32(__m512i r[16]) {
   }
 }
 
+// The low (even) and high (odd) bf16 of every 32-bit lane, as fp32.
+inline __m512 even_bf16(__m512i pairs) { return _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)); }
+inline __m512 odd_bf16(__m512i pairs) {
+  return _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(int(0xffff0000u))));
+}
+
+// 16 bf16 as fp32.
+inline __m512 widen_bf16(__m256i x) { return even_bf16(_mm512_cvtepu16_epi32(x)); }
+
 // 16-bit lane indices for _mm512_permutex2var_epi16(a, index, b): a0 b0 a1 b1 ... from elements 0-15 of a
 // and b ("lo"), or from elements 16-31 ("hi"); the same shape with b at lanes 16-31 of one vector ("packed").
 struct InterleaveIndex {

@@ -35,12 +35,11 @@ inline void raise_max(const SoftmaxState& s, int64_t h, float new_max) {
   s.max[h] = new_max;
 }
 
-// scores [rows][hp] (the first n rows are real) -> scaled in place; state updated; probs [hp][rows] = bf16 P,
-// zero for the padding rows.
+// scores [rows][hp] (the first n rows are real) -> scaled in place; state updated; probs = P rounded to bf16
+// (layout: sparse_mla_gemm.h), zero for the padding rows.
 inline void softmax_step(float* scores, int64_t n, int64_t rows, int64_t hp, float scale, const SoftmaxState& s,
-                         uint16_t* probs) {
+                         ProbElement* probs) {
 #if defined(__AVX512BF16__)
-  static const InterleaveIndex index;
   const __m512 vscale = _mm512_set1_ps(scale), zero = _mm512_setzero_ps();
   for (int64_t g = 0; g < hp; g += kHeadBlock) {
     __m512 top = _mm512_set1_ps(-INFINITY);
@@ -60,6 +59,8 @@ inline void softmax_step(float* scores, int64_t n, int64_t rows, int64_t hp, flo
     }
     const __m512 m = _mm512_loadu_ps(s.max + g);
     __m512 sum = _mm512_loadu_ps(s.sum + g);
+#if defined(__AMX_BF16__)
+    static const InterleaveIndex index;
     for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
       __m512i pairs[kRowBlock / 2];
       for (int64_t k = 0; k < kRowBlock / 2; ++k) {
@@ -72,6 +73,13 @@ inline void softmax_step(float* scores, int64_t n, int64_t rows, int64_t hp, flo
       transpose_16x16_epi32(pairs);  // now one head's 16 pairs (32 rows) per vector
       for (int64_t i = 0; i < kHeadBlock; ++i) _mm512_storeu_si512(probs + (g + i) * rows + r0, pairs[i]);
     }
+#else
+    for (int64_t r = 0; r < rows; ++r) {
+      const __m512 p = r < n ? exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + r * hp + g), m)) : zero;
+      sum = _mm512_add_ps(sum, p);
+      _mm512_storeu_ps(probs + r * hp + g, widen_bf16((__m256i)_mm512_cvtneps_pbh(p)));
+    }
+#endif
     _mm512_storeu_ps(s.sum + g, sum);
   }
 #else
