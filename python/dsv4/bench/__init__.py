@@ -57,7 +57,8 @@ class Case:
 
 
 def median_us(fn: Callable[[], None]) -> float:
-    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn})
+    # Timer runs with one thread unless told otherwise: time with the threads the ops will really use.
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
     return statistics.median(timer.blocked_autorange(min_run_time=MIN_RUN_SECONDS).times) * 1e6
 
 
