@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import rope_table
+from conftest import CUDA_TIERS, rope_table
 from dsv4 import cache, ops
 
 BLOCK = 16
@@ -35,8 +35,9 @@ def make_inputs(device="cpu"):
     return {name: value.to(device) for name, value in args.items()}
 
 
-def test_compile_fullgraph_matches_eager():
-    eager_inputs, compiled_inputs = make_inputs(), make_inputs()
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA_TIERS else []))
+def test_compile_fullgraph_matches_eager(device):
+    eager_inputs, compiled_inputs = make_inputs(device), make_inputs(device)
     for name in ("swa_cache", "k_cache"):
         compiled_inputs[name].copy_(eager_inputs[name])
     for name in ("q", "kv", "k"):
