@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parent
 def cuda_requested() -> bool:
     """DSV4_ENABLE_CUDA if set, else whether the installed torch is a CUDA (ROCm) build and nvcc (hipcc) is on
     the path."""
-    forced = os.environ.get("DSV4_ENABLE_CUDA")
-    if forced is not None:
-        return forced not in ("0", "", "OFF", "off")
+    forced = os.environ.get("DSV4_ENABLE_CUDA", "")  # empty: decide from torch and the compilers
+    if forced:
+        return forced not in ("0", "OFF", "off")
     try:
         import torch
     except ImportError:
