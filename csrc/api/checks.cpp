@@ -109,14 +109,9 @@ RopeTable rope_table(Arg a, const Tensor& t, int64_t rope_dim) {
   return r;
 }
 
-int64_t index_value(const IndexView& v, int64_t i) {
-  return v.is_int64 ? static_cast<const int64_t*>(v.data)[i * v.row_stride]
-                    : static_cast<const int32_t*>(v.data)[i * v.row_stride];
-}
-
 void check_slots_in_range(Arg a, const IndexView& v, int64_t n, int64_t capacity) {
   for (int64_t i = 0; kHostReadsValues && i < n; ++i) {
-    const int64_t s = index_value(v, i);
+    const int64_t s = index_at(v, i);
     DSV4_CHECK(s == -1 || (s >= 0 && s < capacity), a.op, "argument '", a.name, "' entry ", i, " is ", s,
                "; slots must be -1 (skip) or in [0, ", capacity, ") for this cache");
   }
@@ -124,7 +119,7 @@ void check_slots_in_range(Arg a, const IndexView& v, int64_t n, int64_t capacity
 
 void check_values_in_range(Arg a, const IndexView& v, int64_t n, int64_t limit) {
   for (int64_t i = 0; kHostReadsValues && i < n; ++i) {
-    const int64_t x = index_value(v, i);
+    const int64_t x = index_at(v, i);
     DSV4_CHECK(x >= 0 && x < limit, a.op, "argument '", a.name, "' entry ", i, " is ", x, "; expected a value in [0, ",
                limit, ")");
   }

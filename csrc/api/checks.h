@@ -11,6 +11,7 @@
 #include <torch/headeronly/core/ScalarType.h>
 
 #include "common/error.h"
+#include "common/indices.h"
 #include "common/params.h"
 
 namespace dsv4::api {
@@ -56,8 +57,6 @@ IndexView index_view(Arg a, const Tensor& t, int64_t dim);  // int32/int64 of th
 PagedCache paged_cache(Arg a, const Tensor& t, int64_t block_size, int64_t bytes_per_entry);
 RopeTable rope_table(Arg a, const Tensor& t, int64_t rope_dim);
 
-// CPU only: entry i of a rank-1 index view.
-int64_t index_value(const IndexView& v, int64_t i);
 // The two checks below read the values, so they run on CPU tensors only (no-ops in _C_cuda: a device read
 // would synchronise; the CUDA kernels treat such entries as invalid instead).
 // Every entry of a rank-1 index tensor is -1 or in [0, capacity).

@@ -91,7 +91,7 @@ void compress_common(const char* op, int64_t head_dim, int64_t bytes_per_entry, 
   p.ratio = ratio, p.head_dim = head_dim, p.num_tokens = n;
   check_values_in_range({op, "positions"}, p.positions, n, INT64_MAX);
   for (int64_t t = 0; kHostReadsValues && t < n; ++t) {  // rotation position of a compressed entry is (p // R) * R
-    const int64_t pos = index_value(p.positions, t);
+    const int64_t pos = index_at(p.positions, t);
     DSV4_CHECK((pos / ratio) * ratio < p.rope.rows, op, "argument 'positions' entry ", t, " is ", pos,
                ", beyond the ", p.rope.rows, " rows of cos_sin_cache");
   }

@@ -133,7 +133,7 @@ void fp8_paged_mqa_topk(Tensor q, Tensor kv_cache, Tensor weights, Tensor length
   // Rows longer than k are scored into a per-thread buffer: bound them by what the caller's table addresses.
   const int64_t coverage = p.max_blocks * block_size;
   for (int64_t r = 0; kHostReadsValues && r < p.rows; ++r) {
-    const int64_t len = index_value(p.lengths, r);
+    const int64_t len = index_at(p.lengths, r);
     DSV4_CHECK(len <= p.k || len <= coverage, op, "argument 'lengths' entry ", r, " is ", len, ", more than the ",
                coverage, " entries block_table can address");
   }

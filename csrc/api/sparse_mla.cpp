@@ -62,13 +62,15 @@ SparseIndexSet index_set(const Tensor& indices, std::optional<IndexView> lengths
   return s;
 }
 
-// Partitions of a decode plan: one per CTA group on CUDA, one per intra-op thread on CPU (informational there).
+// Partitions of a decode plan: one persistent CTA group per SM on CUDA, one per intra-op thread on the CPU
+// (informational there), shared by the s_q rows and 64-head groups.
 int64_t decode_parts(int64_t s_q, int64_t h_q) {
 #if defined(DSV4_BACKEND_CUDA)
-  return cuda::decode_num_parts(s_q, h_q);
+  const int64_t units = cuda::num_sms();
 #else
-  return decode_partitions(torch::stable::get_num_threads(), s_q, h_q);
+  const int64_t units = torch::stable::get_num_threads();
 #endif
+  return decode_partitions(units, s_q, h_q);
 }
 
 // The plan tensors [num_parts, 8] and [b + 1] (int32, on q's device) wired into p.sched.

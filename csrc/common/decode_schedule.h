@@ -3,13 +3,8 @@
 #pragma once
 #include <cstdint>
 
+#include "common/indices.h"
 #include "common/params.h"
-
-#if defined(__CUDACC__) || defined(__HIPCC__)
-#define DSV4_HOST_DEVICE __host__ __device__
-#else
-#define DSV4_HOST_DEVICE
-#endif
 
 namespace dsv4 {
 
@@ -21,16 +16,11 @@ inline int64_t decode_partitions(int64_t units, int64_t s_q, int64_t h_q) {
   return parts > 1 ? parts : 1;
 }
 
-DSV4_HOST_DEVICE inline int64_t schedule_index(const IndexView& v, int64_t i) {
-  const int64_t at = i * v.row_stride;
-  return v.is_int64 ? static_cast<const int64_t*>(v.data)[at] : static_cast<const int32_t*>(v.data)[at];
-}
-
 // Entries of one index set request r attends: its length clamped to [0, topk], or topk without lengths.
 DSV4_HOST_DEVICE inline int64_t set_length(const SparseIndexSet& s, int64_t r) {
   if (s.indices == nullptr) return 0;
   if (s.lengths.data == nullptr) return s.topk;
-  const int64_t len = schedule_index(s.lengths, r);
+  const int64_t len = index_at(s.lengths, r);
   return len < 0 ? 0 : (len > s.topk ? s.topk : len);
 }
 

@@ -15,6 +15,9 @@ const CpuKernels& kernels_avx2();
 const CpuKernels& kernels_avx512();
 const CpuKernels& kernels_amx();
 bool amx_selftest();  // runs one tile product; defined in the AMX tier
+// The decode split planner (common/decode_schedule.h), compiled once in a baseline translation unit: an inline
+// function instantiated in the tiers would be compiled with each tier's ISA flags and merged by the linker.
+void plan_decode_schedule_host(const SparseMlaDecodeParams& p);
 
 // The table of the selected tier (DSV4_CPU_ISA or the best the CPU supports).
 const CpuKernels& kernels();

@@ -9,7 +9,6 @@
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/accelerator.h>
 
-#include "common/decode_schedule.h"
 #include "common/error.h"
 #include "cuda/launchers.h"
 
@@ -56,26 +55,9 @@ bool use_sm90_decode() {
 }
 #endif
 
-template <typename P, cudaError_t (*Launch)(const P&, cudaStream_t)>
-void wrap(const char* op, const P& p) {
-  check_launch(op, Launch(p, current_stream()));
-}
-
-#define DSV4_WRAP(name) [](const name##_params_t& p) { wrap<name##_params_t, &launch_##name>(#name, p); }
-using qnorm_rope_kv_insert_params_t = QNormRopeKvInsertParams;
-using indexer_q_rope_quant_params_t = IndexerQRopeQuantParams;
-using save_partial_states_params_t = SavePartialStatesParams;
-using compress_norm_rope_store_params_t = CompressNormRopeStoreParams;
-using quantize_kv_insert_params_t = QuantizeKvInsertParams;
-using dequantize_kv_gather_params_t = DequantizeKvGatherParams;
-using indexer_k_quant_insert_params_t = IndexerKQuantInsertParams;
-using map_local_to_global_slots_params_t = MapLocalToGlobalSlotsParams;
-using inverse_rope_params_t = InverseRopeParams;
-using fp8_paged_mqa_logits_params_t = PagedMqaLogitsParams;
-using fp8_mqa_logits_params_t = MqaLogitsParams;
-using topk_transform_params_t = TopkTransformParams;
-using fp8_paged_mqa_topk_params_t = PagedMqaTopkParams;
-using sparse_mla_prefill_params_t = SparseMlaPrefillParams;
+// A table entry: the op's launcher on the current stream, its status checked. The lambda is generic, so it converts
+// to the entry's function-pointer type with the op's parameter struct.
+#define DSV4_WRAP(name) [](const auto& p) { check_launch(#name, launch_##name(p, current_stream())); }
 
 void sparse_mla_decode(const SparseMlaDecodeParams& p) {
 #if defined(DSV4_HAVE_SM90)
@@ -103,15 +85,13 @@ const KernelTable& kernels() {
       DSV4_WRAP(topk_transform),
       DSV4_WRAP(fp8_paged_mqa_topk),
       &sparse_mla_decode,
-      [](const SparseMlaDecodeParams& p) { wrap<SparseMlaDecodeParams, &launch_decode_schedule>("sparse_mla_decode_schedule", p); },
+      [](const auto& p) { check_launch("sparse_mla_decode_schedule", launch_decode_schedule(p, current_stream())); },
       DSV4_WRAP(sparse_mla_prefill),
   };
   return table;
 }
 
 int64_t num_sms() { return device_facts().sms; }
-
-int64_t decode_num_parts(int64_t s_q, int64_t h_q) { return decode_partitions(num_sms(), s_q, h_q); }
 
 int64_t paged_topk_workspace_ctas(int64_t rows) {
   const int64_t ctas = 2 * num_sms();

@@ -9,8 +9,6 @@ namespace dsv4::cuda {
 const KernelTable& kernels();
 // Streaming multiprocessors of the current device.
 int64_t num_sms();
-// Partitions of a sparse-decode plan: one persistent CTA group per SM, shared by the s_q rows and 64-head groups.
-int64_t decode_num_parts(int64_t s_q, int64_t h_q);
 // Columns of the per-CTA score workspace of the fused indexer, and how many CTAs (rows in flight) it has.
 int64_t paged_topk_workspace_ctas(int64_t rows);
 

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "common/indices.h"
 #include "common/params.h"
 
 #define DSV4_DEVICE __device__ __forceinline__
@@ -46,11 +47,7 @@ DSV4_DEVICE float warp_max(float v) {
   return v;
 }
 
-// ---- indices ----
-DSV4_DEVICE int64_t index_at(const IndexView& v, int64_t row, int64_t col = 0) {
-  const int64_t i = row * v.row_stride + col * v.col_stride;
-  return v.is_int64 ? static_cast<const int64_t*>(v.data)[i] : static_cast<const int32_t*>(v.data)[i];
-}
+// ---- indices (index_at, load_index: common/indices.h) ----
 // Slot -> address of its entry in a paged cache region, or nullptr when the slot is outside the cache.
 DSV4_DEVICE uint8_t* slot_entry(const PagedCache& c, int64_t slot, int64_t region_offset, int64_t entry_bytes) {
   if (slot < 0 || slot >= c.num_blocks * c.block_size) return nullptr;

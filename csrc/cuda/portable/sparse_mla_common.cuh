@@ -164,7 +164,7 @@ DSV4_DEVICE BlockColumns block_columns(const SparseMlaDecodeParams& p, int64_t r
 // Slot id at column c of an index set for query (r, s).
 DSV4_DEVICE int64_t set_slot(const SparseIndexSet& set, int64_t r, int64_t s, int64_t c) {
   const int64_t i = r * set.stride_b + s * set.stride_s + c * set.stride_k;
-  return set.is_int64 ? static_cast<const int64_t*>(set.indices)[i] : static_cast<const int32_t*>(set.indices)[i];
+  return load_index(set.indices, set.is_int64, i);
 }
 
 // Offset of (split row, s, h) in o_accum (times d_v) and lse_accum ([b + num_parts, s_q, h_q]).

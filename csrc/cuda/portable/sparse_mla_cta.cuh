@@ -181,7 +181,7 @@ struct Bf16RowSource {
 
   DSV4_DEVICE bool locate(int64_t column, EntryRef* e) const {
     const int64_t at = query_offset + column * col_stride;
-    const int64_t row = is_int64 ? static_cast<const int64_t*>(indices)[at] : static_cast<const int32_t*>(indices)[at];
+    const int64_t row = load_index(indices, is_int64, at);
     if (row < 0 || row >= rows) return false;
     e->data = reinterpret_cast<const uint8_t*>(kv + row * row_stride);
     return true;

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "common/decode_schedule.h"
+#include "common/indices.h"
 #include "common/params.h"
 #include "cuda/sm90/warp_mma.cuh"
 
@@ -82,7 +83,7 @@ DSV4_SM90_DEVICE int64_t block_index(const SparseMlaDecodeParams& p, const Reque
   const int64_t column = (in_main ? j : j - sets.main_blocks) * kEntriesPerBlock + e;
   if (column >= (in_main ? sets.main_length : sets.extra_length)) return -1;
   const int64_t at = r * set.stride_b + s * set.stride_s + column * set.stride_k;
-  return set.is_int64 ? static_cast<const int64_t*>(set.indices)[at] : static_cast<const int32_t*>(set.indices)[at];
+  return load_index(set.indices, set.is_int64, at);
 }
 
 // Starts copying the raw bytes of block j's entries into staging (entry e's 576 data bytes at e * 576, its 8
