@@ -13,8 +13,11 @@ DSV4_SM90_DEVICE uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// Asynchronous 8- / 16-byte global -> shared copies (both ends aligned to the size), completed by
+// Asynchronous 4- / 8- / 16-byte global -> shared copies (both ends aligned to the size), completed by
 // cp_async_wait_all; the 16-byte one bypasses L1 (gathered rows are read once).
+DSV4_SM90_DEVICE void cp_async_4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
 DSV4_SM90_DEVICE void cp_async_8(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src) : "memory");
 }
@@ -23,8 +26,12 @@ DSV4_SM90_DEVICE void cp_async_16(uint32_t dst, const void* src) {
 }
 DSV4_SM90_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 DSV4_SM90_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-// Waits for all but the most recently committed group.
-DSV4_SM90_DEVICE void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+// Waits for all but the kPending most recently committed groups.
+template <int kPending>
+DSV4_SM90_DEVICE void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+DSV4_SM90_DEVICE void cp_async_wait_one() { cp_async_wait_group<1>(); }
 
 // Orders this thread's earlier shared-memory stores before later wgmma reads of them (after a barrier).
 DSV4_SM90_DEVICE void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds the torch-free decode harness (tools/decode_bench.cu + the decode kernels of both CUDA tiers) with nvcc for
+# sm_90a into build/decode_bench/, and runs it when a GPU is present (arguments go to the harness).
+#   DECODE_BENCH_BUILD_ONLY=1 only builds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT_DIR=build/decode_bench
+mkdir -p "$OUT_DIR"
+if [ ! -x "$OUT_DIR/decode_bench" ] || [ -n "$(find csrc tools -newer "$OUT_DIR/decode_bench" -name '*.cu*' -o -newer "$OUT_DIR/decode_bench" -name '*.h')" ]; then
+  common=(-std=c++17 --expt-relaxed-constexpr -O3 -Icsrc)
+  portable=(csrc/cuda/portable/sparse_mla_decode.cu csrc/cuda/portable/decode_schedule.cu
+            csrc/cuda/portable/decode_combine.cu)
+  pids=()
+  for src in "${portable[@]}"; do
+    nvcc "${common[@]}" --fmad=false -gencode arch=compute_90,code=sm_90 -c "$src" \
+      -o "$OUT_DIR/portable_$(basename "$src" .cu).o" & pids+=($!)
+  done
+  for src in csrc/cuda/sm90/*.cu tools/decode_bench.cu; do
+    nvcc "${common[@]}" -DDSV4_HAVE_SM90 -Xptxas=-v -gencode arch=compute_90a,code=sm_90a -c "$src" \
+      -o "$OUT_DIR/$(basename "$src" .cu).o" 2> "$OUT_DIR/$(basename "$src" .cu).ptxas" & pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid"; done
+  nvcc -gencode arch=compute_90a,code=sm_90a "$OUT_DIR"/*.o -o "$OUT_DIR/decode_bench"
+  grep -hE "registers|spill|error|warning" "$OUT_DIR"/*.ptxas | grep -v "0 bytes spill" || true
+fi
+[ "${DECODE_BENCH_BUILD_ONLY:-0}" = 1 ] && exit 0
+"$OUT_DIR/decode_bench" "$@"
