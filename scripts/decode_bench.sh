@@ -19,7 +19,13 @@ if [ ! -x "$OUT_DIR/decode_bench" ] || [ -n "$(find csrc tools -newer "$OUT_DIR/
     nvcc "${common[@]}" -DDSV4_HAVE_SM90 -Xptxas=-v -gencode arch=compute_90a,code=sm_90a -c "$src" \
       -o "$OUT_DIR/$(basename "$src" .cu).o" 2> "$OUT_DIR/$(basename "$src" .cu).ptxas" & pids+=($!)
   done
-  for pid in "${pids[@]}"; do wait "$pid"; done
+  failed=0
+  for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+  if [ "$failed" != 0 ]; then
+    grep -h -B2 -A3 "error" "$OUT_DIR"/*.ptxas >&2
+    rm -f "$OUT_DIR/decode_bench"
+    exit 1
+  fi
   nvcc -gencode arch=compute_90a,code=sm_90a "$OUT_DIR"/*.o -o "$OUT_DIR/decode_bench"
   grep -hE "registers|spill|error|warning" "$OUT_DIR"/*.ptxas | grep -v "0 bytes spill" || true
 fi

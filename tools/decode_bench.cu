@@ -212,6 +212,7 @@ void run_case(int64_t batch, int64_t heads, int64_t compressed, int64_t window, 
 namespace dsv4::cuda {
 cudaError_t launch_sparse_mla_decode_sm90_next(const SparseMlaDecodeParams& p, cudaStream_t stream);
 void set_decode_ablation(int bits);
+void set_decode_trace(long long* buffer);
 }
 
 int main(int argc, char** argv) {
@@ -230,6 +231,24 @@ int main(int argc, char** argv) {
   if (argc <= 1)
     for (int64_t b : {1, 128}) cases.push_back({b, 128, 1024, 128, 20});
   for (const auto& c : cases) run_case(c[0], c[1], c[2], c[3], int(c[4]), tiers, flush);
+  if (std::getenv("DECODE_TRACE")) {  // clocks of CTA 0 of the next tier on the first case
+    long long* buffer = nullptr;
+    CHECK(cudaMalloc(&buffer, 4096 * 8));
+    CHECK(cudaMemset(buffer, 0, 4096 * 8));
+    dsv4::cuda::set_decode_trace(buffer);
+    run_case(cases[0][0], cases[0][1], cases[0][2], cases[0][3], 3, {tiers[0], tiers[2]}, flush);
+    std::vector<long long> t(4096);
+    CHECK(cudaMemcpy(t.data(), buffer, 4096 * 8, cudaMemcpyDeviceToHost));
+    const long long t0 = t[3];
+    std::printf("trace (cycles from CTA start): q loaded %lld, finish %lld\n", t[1] - t0, t[2] - t0);
+    for (int g = 0; g < 40 && t[8 + 8 * g] != 0; ++g)
+      std::printf("  sub %2d consumer: full %6lld S %5lld xchg %5lld softmax %5lld pv %5lld | producer: top %6lld data %5lld step %5lld empty %5lld decode %5lld\n",
+                  g, t[8 + 8 * g] - t0, t[9 + 8 * g] - t[8 + 8 * g], t[10 + 8 * g] - t[9 + 8 * g],
+                  t[11 + 8 * g] - t[10 + 8 * g], t[12 + 8 * g] - t[11 + 8 * g], t[400 + 8 * g] - t0,
+                  t[401 + 8 * g] - t[400 + 8 * g], t[402 + 8 * g] - t[401 + 8 * g], t[403 + 8 * g] - t[402 + 8 * g],
+                  t[404 + 8 * g] - t[403 + 8 * g]);
+    dsv4::cuda::set_decode_trace(nullptr);
+  }
   if (const char* bits = std::getenv("DECODE_ABLATE")) {  // timing of the next tier with steps left out
     for (const char* b = bits; *b; ++b) {
       const int mask = *b == 'g' ? 16 : *b == 'h' ? 31 : *b >= 'a' ? *b - 'a' + 10 : *b - '0';  // one hex digit per ablation, 'g' = 16

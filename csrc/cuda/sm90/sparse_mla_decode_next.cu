@@ -18,13 +18,13 @@ namespace {
 constexpr int kSub = 32;  // entries per sub-block (half a schedule block)
 constexpr int kConsumerThreads = 256, kProducerThreads = 128, kCtaThreads = kConsumerThreads + kProducerThreads;
 constexpr int kThreadsPerEntry = kProducerThreads / kSub;  // producer threads per entry of a sub-block
-constexpr int kConsumerRegs = 200, kProducerRegs = 104;
+constexpr int kConsumerRegs = 192, kProducerRegs = 120;
 static_assert(kConsumerThreads * kConsumerRegs + kProducerThreads * kProducerRegs <= kCtaThreads * 168,
-              "setmaxnreg.inc waits for registers the producers released: never more than the CTA holds");  // 2 x 200 + 104 = 3 x 168, the registers the CTA starts with
+              "setmaxnreg.inc waits for registers the producers released: never more than the CTA holds");  // 2 x 192 + 120 = 3 x 168, the registers the CTA starts with
 // Named barriers (0 is __syncthreads): tile t full = 1 + t, tile t empty = 3 + t, producers only, consumers only.
 constexpr int kBarFull = 1, kBarEmpty = 3, kBarProducers = 5, kBarConsumers = 6;
 constexpr int kSubsPerBlock = kEntriesPerBlock / kSub;
-constexpr int kRawStages = 5;
+constexpr int kRawStages = 4;
 constexpr int kRowGroups = kHeadsPerCta / 16;
 constexpr int kHalfDim = kDim / 2;
 constexpr int kScoreTiles = kSub / 8;  // n8 tiles of S per warp
@@ -53,8 +53,12 @@ constexpr int kValidOffset = kEntryOkOffset + kRawStages * kSub;  // a 32-bit va
 constexpr int kIndexSlots = 8;  // ring of sub-blocks' index values (8 bytes per entry) and their set flags
 constexpr int kIndexOffset = kValidOffset + 2 * 4 + 8;  // 16-byte aligned
 constexpr int kIndexFlagOffset = kIndexOffset + kIndexSlots * kSub * 8;
-constexpr int kSmemBytes = kIndexFlagOffset + kIndexSlots * kSub + kSwizzleAtomBytes;  // + alignment slack
+constexpr int kLiveOffset = kIndexFlagOffset + kIndexSlots * kSub;  // per ring slot: does that sub-block exist
+constexpr int kExchangeOffset = (kLiveOffset + kIndexSlots + 15) / 16 * 16;  // each consumer's partial S (fp32, [half][float4][thread])
+constexpr int kExchangeBytes = 2 * kScoreTiles * 128 * 16;
+constexpr int kSmemBytes = kExchangeOffset + kExchangeBytes + kSwizzleAtomBytes;  // + alignment slack
 static_assert(kSmemBytes <= 227 * 1024, "fits the opt-in shared memory of one CTA");
+static_assert(kExchangeOffset % 16 == 0, "float4 exchange");
 static_assert(kRawOffset % 16 == 0 && kRawBytes % 16 == 0, "16-byte staging");
 
 // Byte offset of 16-byte chunk c of row r in a K/V tile of kSub rows (128-byte swizzle, slabs of 64 dims).
@@ -81,9 +85,9 @@ DSV4_SM90_DEVICE void wgmma_64x32x16_ss(float (&d)[kScoreTiles][4], uint64_t a, 
       : "l"(a), "l"(b), "r"(1));
 }
 
-// Issues S = Q K^T of one sub-block (asynchronous; finish with wgmma_wait_all). The k16 step inside a 128-byte
-// row moves the start address by 32 bytes.
-DSV4_SM90_DEVICE void issue_scores(uint32_t q_base, uint32_t kv_base, float (&s)[kScoreTiles][4]) {
+// Issues this consumer's half of S = Q K^T of one sub-block: the dot products over dims 256 half .. +256
+// (asynchronous; finish with wgmma_wait_all). The k16 step inside a 128-byte row moves the start address by 32 bytes.
+DSV4_SM90_DEVICE void issue_scores(uint32_t q_base, uint32_t kv_base, int half, float (&s)[kScoreTiles][4]) {
 #pragma unroll
   for (int t = 0; t < kScoreTiles; ++t)
 #pragma unroll
@@ -93,7 +97,8 @@ DSV4_SM90_DEVICE void issue_scores(uint32_t q_base, uint32_t kv_base, float (&s)
   const uint64_t k_desc = swizzled_descriptor(kv_base, 16, kSwizzleAtomBytes);
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < kQkSteps; ++kk) {
+  for (int k = 0; k < kQkSteps / 2; ++k) {
+    const int kk = kQkSteps / 2 * half + k;
     const uint32_t slab = kk / kSlabSteps, step = (kk % kSlabSteps) * 32;
     wgmma_64x32x16_ss(s, q_desc + ((slab * kQSlabBytes + step) >> 4), k_desc + ((slab * kKvSlabBytes + step) >> 4));
   }
@@ -159,6 +164,11 @@ DSV4_SM90_DEVICE void slab_values(uint32_t kv_base, const uint32_t (&p)[kPvSteps
 }
 
 __constant__ int ablate_bits;  // development: 1 skip decode, 2 skip S, 4 skip PV, 8 skip gathers
+__constant__ long long* trace_buffer;  // development: [CTA 0 only] event clocks
+DSV4_SM90_DEVICE void trace(int slot) {
+  if (trace_buffer != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && slot < 4096)
+    trace_buffer[slot] = clock64();
+}
 
 DSV4_SM90_DEVICE void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
@@ -363,12 +373,12 @@ DSV4_SM90_DEVICE void produce(const SparseMlaDecodeParams& p, const int32_t* met
   uint8_t* flag_ring = smem + kIndexFlagOffset;
   const int pt = threadIdx.x - kConsumerThreads;
   const int e = pt / kThreadsPerEntry, part = pt % kThreadsPerEntry;
-  int64_t total = 0;
-  for (SubCursor c = first_sub(p, meta); !c.done; c.i = c.piece.subs, settle(p, meta, c)) total += c.piece.subs;
   SubCursor index_cursor = first_sub(p, meta);
+  uint8_t* live = smem + kLiveOffset;
   auto copy_next_index = [&](int64_t x) {  // x: the sub-block index_cursor is at
     const int slot = int(x % kIndexSlots);
     if (part == 0) issue_index_copy(p, index_cursor, s, e, index_ring + slot * kSub * 8, flag_ring + slot * kSub);
+    if (pt == 0) live[slot] = !index_cursor.done;
     next_sub(p, meta, index_cursor);
   };
   for (int x = 0; x < kIndexLead; ++x) copy_next_index(x);
@@ -383,18 +393,26 @@ DSV4_SM90_DEVICE void produce(const SparseMlaDecodeParams& p, const int32_t* met
     cp_async_commit();
   };
   for (int x = 0; x < kRawStages - 1; ++x) step(x);
-  for (int64_t g = 0; g < total; ++g) {
+  int64_t g = 0;
+  for (;; ++g) {
+    const bool tr = pt == 0 && g < 40;
+    if (tr) trace(400 + 8 * int(g));
     cp_async_wait_group<kRawStages - 2>();  // sub-block g landed (this thread's copies)
+    if (tr) trace(401 + 8 * int(g));
     named_sync(kBarProducers, kProducerThreads);  // everyone's copies of g landed; everyone is done with g - 1
+    if (!live[g % kIndexSlots]) break;  // past the partition's last sub-block
     step(g + kRawStages - 1);
+    if (tr) trace(402 + 8 * int(g));
     const int tile = int(g % 2), stage = int(g % kRawStages);
     if (g >= 2) named_sync(kBarEmpty + tile, kCtaThreads);
+    if (tr) trace(403 + 8 * int(g));
     if (!(ablate_bits & 1))
       decode_sub(raw + stage * kRawBytes, entry_ok + stage * kSub, kv_tiles + tile * kKvTileBytes, valid + 4 * tile,
                  e, part);
+    if (tr) trace(404 + 8 * int(g));
     named_arrive(kBarFull + tile, kCtaThreads);
   }
-  for (int64_t g = total < 2 ? 0 : total - 2; g < total; ++g) named_sync(kBarEmpty + int(g % 2), kCtaThreads);
+  for (int64_t d = g < 2 ? 0 : g - 2; d < g; ++d) named_sync(kBarEmpty + int(d % 2), kCtaThreads);
   cp_async_wait_all();
 }
 
@@ -467,11 +485,26 @@ DSV4_SM90_DEVICE void consumer_load_q(const SparseMlaDecodeParams& p, int64_t b,
   named_sync(kBarConsumers, kConsumerThreads);
 }
 
+// S = (this consumer's half) + (the other's half), exchanged through shared memory; both consumers end with the
+// same bits (fp32 addition commutes). The next sub-block's full barrier orders these reads before the next writes.
+DSV4_SM90_DEVICE void add_other_half(float (&s)[kScoreTiles][4], float4* exchange, int half) {
+  const int t = threadIdx.x % 128;
+#pragma unroll
+  for (int k = 0; k < kScoreTiles; ++k) exchange[(half * kScoreTiles + k) * 128 + t] = make_float4(s[k][0], s[k][1], s[k][2], s[k][3]);
+  named_sync(kBarConsumers, kConsumerThreads);
+#pragma unroll
+  for (int k = 0; k < kScoreTiles; ++k) {
+    const float4 o = exchange[((1 - half) * kScoreTiles + k) * 128 + t];
+    s[k][0] += o.x, s[k][1] += o.y, s[k][2] += o.z, s[k][3] += o.w;
+  }
+}
+
 DSV4_SM90_DEVICE void consume(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t s, bool q_aligned,
                               uint8_t* smem) {
   uint8_t* q_tile = smem + kQOffset;
   const uint32_t q_base = shared_address(q_tile), kv_base = shared_address(smem + kKvOffset);
   const uint32_t* valid = reinterpret_cast<const uint32_t*>(smem + kValidOffset);
+  float4* exchange = reinterpret_cast<float4*>(smem + kExchangeOffset);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row_group = warp % kRowGroups, half = warp / kRowGroups;
   const int64_t head0 = int64_t(blockIdx.x) * kHeadsPerCta;
@@ -481,8 +514,10 @@ DSV4_SM90_DEVICE void consume(const SparseMlaDecodeParams& p, const int32_t* met
   for (int64_t r = first; r <= last; ++r) {
     const Piece piece = piece_of(p, meta, r);
     if (piece.skip) continue;
+    if (threadIdx.x == 0) trace(0);
     named_sync(kBarConsumers, kConsumerThreads);  // both consumers are done with the previous q
     consumer_load_q(p, r, s, head0, q_aligned, q_tile);
+    if (threadIdx.x == 0) trace(1);
     RowState st;
 #pragma unroll
     for (int t = 0; t < kValueTiles; ++t)
@@ -494,20 +529,27 @@ DSV4_SM90_DEVICE void consume(const SparseMlaDecodeParams& p, const int32_t* met
       const int tile = int(g % 2);
       const uint32_t kv_tile = kv_base + tile * kKvTileBytes;
       named_sync(kBarFull + tile, kCtaThreads);
+      if (threadIdx.x == 0 && g < 40) trace(8 + 8 * int(g));
       float scores[kScoreTiles][4] = {};
-      if (!(ablate_bits & 2)) issue_scores(q_base, kv_tile, scores);
+      if (!(ablate_bits & 2)) issue_scores(q_base, kv_tile, half, scores);
       wgmma_wait_all();
+      if (threadIdx.x == 0 && g < 40) trace(9 + 8 * int(g));
+      add_other_half(scores, exchange, half);
+      if (threadIdx.x == 0 && g < 40) trace(10 + 8 * int(g));
       uint32_t probs[kPvSteps][4];
       softmax_sub(scores, valid[tile], scale_log2, lane, st, probs);
+      if (threadIdx.x == 0 && g < 40) trace(11 + 8 * int(g));
       if (!(ablate_bits & 4)) {
         wgmma_fence();
         slab_values(kv_tile, probs, half, st);
         wgmma_commit();
         wgmma_wait_all();
       }
+      if (threadIdx.x == 0 && g < 40) trace(12 + 8 * int(g));
       named_arrive(kBarEmpty + tile, kCtaThreads);
     }
     finish_rows(p, piece, s, head0, row_group, half, lane, st);
+    if (threadIdx.x == 0) trace(2);
   }
 }
 
@@ -518,6 +560,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((kSwizzleAtomBytes - shared_address(smem_raw) % kSwizzleAtomBytes) % kSwizzleAtomBytes);
   const int32_t* meta = p.sched.sched_meta + int64_t(blockIdx.z) * kDecodeSchedWords;
+  if (threadIdx.x == 0) trace(3);
   if (threadIdx.x >= kConsumerThreads) {
     lower_registers<kProducerRegs>();
     produce(p, meta, blockIdx.y, smem);
@@ -546,6 +589,7 @@ bool covered(const SparseMlaDecodeParams& p) {
 
 namespace dsv4::cuda {
 
+void set_decode_trace(long long* buffer) { cudaMemcpyToSymbol(sm90::pipelined::trace_buffer, &buffer, sizeof(buffer)); }
 static int host_ablate_bits = 0;
 void set_decode_ablation(int bits) {
   host_ablate_bits = bits;
