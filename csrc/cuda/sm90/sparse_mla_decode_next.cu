@@ -18,9 +18,9 @@ namespace {
 constexpr int kSub = 32;  // entries per sub-block (half a schedule block)
 constexpr int kConsumerThreads = 256, kProducerThreads = 128, kCtaThreads = kConsumerThreads + kProducerThreads;
 constexpr int kThreadsPerEntry = kProducerThreads / kSub;  // producer threads per entry of a sub-block
-constexpr int kConsumerRegs = 192, kProducerRegs = 120;
+constexpr int kConsumerRegs = 208, kProducerRegs = 88;
 static_assert(kConsumerThreads * kConsumerRegs + kProducerThreads * kProducerRegs <= kCtaThreads * 168,
-              "setmaxnreg.inc waits for registers the producers released: never more than the CTA holds");  // 2 x 192 + 120 = 3 x 168, the registers the CTA starts with
+              "setmaxnreg.inc waits for registers the producers released: never more than the CTA holds");  // 2 x 208 + 88 = 3 x 168, the registers the CTA starts with
 // Named barriers (0 is __syncthreads): tile t full = 1 + t, tile t empty = 3 + t, producers only, consumers only.
 constexpr int kBarFull = 1, kBarEmpty = 3, kBarProducers = 5, kBarConsumers = 6;
 constexpr int kSubsPerBlock = kEntriesPerBlock / kSub;
@@ -40,7 +40,8 @@ constexpr int kQSlabBytes = kHeadsPerCta * kRowBytes;  // 8 KB
 constexpr int kKvSlabBytes = kSub * kRowBytes;  // 4 KB
 constexpr int kKvTileBytes = kDim / kSlabDims * kKvSlabBytes;  // 32 KB
 constexpr int kRawScaleOffset = kSub * kEntryDataBytes;  // staging: all data, then all scale rows
-constexpr int kRawBytes = kRawScaleOffset + kSub * kEntryScaleBytes;  // 18688
+constexpr int kScaleSlotBytes = 16;  // the aligned 16 bytes holding an entry's 8 scale bytes (bulk copies are 16-byte)
+constexpr int kRawBytes = kRawScaleOffset + kSub * kScaleSlotBytes;
 constexpr int kItemsPerEntry = kEntryDataBytes / kVectorBytes;  // 36 16-byte items
 constexpr int kNopeItems = kNopeDim / kVectorBytes;  // 28
 
@@ -50,8 +51,9 @@ constexpr int kKvOffset = kQOffset + kTileBytes;
 constexpr int kRawOffset = kKvOffset + 2 * kKvTileBytes;
 constexpr int kEntryOkOffset = kRawOffset + kRawStages * kRawBytes;
 constexpr int kValidOffset = kEntryOkOffset + kRawStages * kSub;  // a 32-bit valid-entry mask per tile
+constexpr int kStageBarOffset = (kValidOffset + 2 * 4 + 7) / 8 * 8;  // an mbarrier per raw stage
 constexpr int kIndexSlots = 8;  // ring of sub-blocks' index values (8 bytes per entry) and their set flags
-constexpr int kIndexOffset = kValidOffset + 2 * 4 + 8;  // 16-byte aligned
+constexpr int kIndexOffset = (kStageBarOffset + kRawStages * 8 + 15) / 16 * 16;
 constexpr int kIndexFlagOffset = kIndexOffset + kIndexSlots * kSub * 8;
 constexpr int kLiveOffset = kIndexFlagOffset + kIndexSlots * kSub;  // per ring slot: does that sub-block exist
 constexpr int kExchangeOffset = (kLiveOffset + kIndexSlots + 15) / 16 * 16;  // each consumer's partial S (fp32, [half][float4][thread])
@@ -105,19 +107,21 @@ DSV4_SM90_DEVICE void issue_scores(uint32_t q_base, uint32_t kv_base, int half, 
   wgmma_commit();
 }
 
-// Online softmax of one sub-block: masks invalid entries, raises the running max, rescales O and the sums, and
-// returns P as bf16 A fragments (k16 step kk covers entries 16 kk .. +16).
-DSV4_SM90_DEVICE void softmax_sub(float (&s)[kScoreTiles][4], uint32_t valid, float scale_log2, int lane,
-                                  RowState& st, uint32_t (&p)[kPvSteps][4]) {
+// Online softmax of one sub-block: masks invalid entries, raises the running max, rescales the sums, and returns
+// P as bf16 A fragments (k16 step kk covers entries 16 kk .. +16) and each row's O rescale factor. Reads s only:
+// the next sub-block's S may be in flight on the tensor cores, so no accumulator register is written here.
+DSV4_SM90_DEVICE void softmax_sub(const float (&s)[kScoreTiles][4], uint32_t valid, float scale_log2, int lane,
+                                  RowState& st, uint32_t (&p)[kPvSteps][4], float (&alpha)[2]) {
   const int quad_col = 2 * (lane & 3);
+  float x[kScoreTiles][4];
   float block_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int t = 0; t < kScoreTiles; ++t)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const bool ok = (valid >> (8 * t + quad_col + (i & 1))) & 1u;
-      s[t][i] = ok ? s[t][i] * scale_log2 : -INFINITY;
-      block_max[i / 2] = fmaxf(block_max[i / 2], s[t][i]);
+      x[t][i] = ok ? s[t][i] * scale_log2 : -INFINITY;
+      block_max[i / 2] = fmaxf(block_max[i / 2], x[t][i]);
     }
   float offset[2];
 #pragma unroll
@@ -127,27 +131,33 @@ DSV4_SM90_DEVICE void softmax_sub(float (&s)[kScoreTiles][4], uint32_t valid, fl
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
     const float new_max = fmaxf(st.max[r], m);
     offset[r] = new_max == -INFINITY ? 0.0f : new_max;  // nothing valid yet: every weight is exp2(-inf) = 0
-    const float alpha = exp2f(st.max[r] - offset[r]);
+    alpha[r] = exp2f(st.max[r] - offset[r]);
     st.max[r] = new_max;
-    st.sum[r] *= alpha;
-    if (__any_sync(0xffffffffu, alpha != 1.0f)) {  // an unchanged max leaves O as it is (x * 1 is exact)
-#pragma unroll
-      for (int t = 0; t < kValueTiles; ++t) st.o[t][2 * r] *= alpha, st.o[t][2 * r + 1] *= alpha;
-    }
+    st.sum[r] *= alpha[r];
   }
 #pragma unroll
   for (int t = 0; t < kScoreTiles; ++t)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      s[t][i] = exp2f(s[t][i] - offset[i / 2]);
-      st.sum[i / 2] += s[t][i];
+      x[t][i] = exp2f(x[t][i] - offset[i / 2]);
+      st.sum[i / 2] += x[t][i];
     }
 #pragma unroll
   for (int kk = 0; kk < kPvSteps; ++kk) {
-    p[kk][0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
-    p[kk][1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
-    p[kk][2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    p[kk][3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    p[kk][0] = pack_bf16x2(x[2 * kk][0], x[2 * kk][1]);
+    p[kk][1] = pack_bf16x2(x[2 * kk][2], x[2 * kk][3]);
+    p[kk][2] = pack_bf16x2(x[2 * kk + 1][0], x[2 * kk + 1][1]);
+    p[kk][3] = pack_bf16x2(x[2 * kk + 1][2], x[2 * kk + 1][3]);
+  }
+}
+
+// O *= alpha per row; skipped by a warp whose rows all kept their max (x * 1 is exact).
+DSV4_SM90_DEVICE void rescale_o(RowState& st, const float (&alpha)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (!__any_sync(0xffffffffu, alpha[r] != 1.0f)) continue;
+#pragma unroll
+    for (int t = 0; t < kValueTiles; ++t) st.o[t][2 * r] *= alpha[r], st.o[t][2 * r + 1] *= alpha[r];
   }
 }
 
@@ -168,6 +178,28 @@ __constant__ long long* trace_buffer;  // development: [CTA 0 only] event clocks
 DSV4_SM90_DEVICE void trace(int slot) {
   if (trace_buffer != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && slot < 4096)
     trace_buffer[slot] = clock64();
+}
+
+// mbarrier of a raw stage: its bulk copies complete its transaction count; decoders wait on the phase parity.
+DSV4_SM90_DEVICE void mbarrier_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+DSV4_SM90_DEVICE void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+DSV4_SM90_DEVICE void mbarrier_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// Bulk global -> shared copy of `bytes` (16-byte multiple, both ends 16-byte aligned) completing on mbarrier bar.
+DSV4_SM90_DEVICE void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
 }
 
 DSV4_SM90_DEVICE void named_sync(int id, int threads) {
@@ -305,26 +337,23 @@ DSV4_SM90_DEVICE EntrySource entry_source(const SparseMlaDecodeParams& p, const 
   return {page + offset * kEntryDataBytes, page + cache.block_size * kEntryDataBytes + offset * kEntryScaleBytes};
 }
 
-// Starts copying the raw bytes of one entry of a sub-block into a staging buffer (kThreadsPerEntry producer threads
-// per entry, 16-byte copies where the page allows); entry_ok[e] records validity. Always commits one cp.async
-// group (with the index copies issued alongside; empty when nothing is), so group counts stay uniform.
-DSV4_SM90_DEVICE void issue_sub_gather(const EntrySource& src, int e, int part, uint8_t* staging, uint8_t* entry_ok) {
-  const bool ok = !(ablate_bits & 8) && src.data != nullptr;
-  if (part == 0) entry_ok[e] = ok;
-  if (ok) {
-    const uint32_t dst = shared_address(staging + e * kEntryDataBytes);
-    if (reinterpret_cast<uintptr_t>(src.data) % kVectorBytes == 0) {
+// Starts copying the raw bytes of a sub-block's entries into a staging buffer with bulk copies: the thread with
+// part 0 of each entry copies its 576 data bytes and the aligned 16 bytes holding its scale row; lane 0 of each
+// producer warp arrives on the stage's mbarrier expecting its warp's bytes. entry_ok[e]: 0 not attended, else
+// 1 + the offset (0 or 8) of the entry's scales in its 16-byte scale slot.
+DSV4_SM90_DEVICE void issue_sub_gather(const EntrySource& src, int e, int part, uint8_t* staging, uint8_t* entry_ok,
+                                       uint32_t bar) {
+  const bool ok = !(ablate_bits & 8) && src.data != nullptr && part == 0;
+  const uintptr_t scale_at = reinterpret_cast<uintptr_t>(src.scales);
+  uint32_t bytes = ok ? kEntryDataBytes + kScaleSlotBytes : 0;
 #pragma unroll
-      for (int k = 0; k < kItemsPerEntry / kThreadsPerEntry; ++k) {
-        const int piece = part + kThreadsPerEntry * k;
-        cp_async_16(dst + piece * kVectorBytes, src.data + piece * kVectorBytes);
-      }
-    } else {
-      for (int piece = part; piece < kDataPieces; piece += kThreadsPerEntry)
-        cp_async_8(dst + piece * kPieceBytes, src.data + piece * kPieceBytes);
-    }
-    if (part == kThreadsPerEntry - 1)
-      cp_async_8(shared_address(staging + kRawScaleOffset + e * kEntryScaleBytes), src.scales);
+  for (int m = 16; m > 0; m >>= 1) bytes += __shfl_xor_sync(0xffffffffu, bytes, m);
+  if (threadIdx.x % 32 == 0) mbarrier_arrive_expect_tx(bar, bytes);
+  if (part == 0) entry_ok[e] = ok ? uint8_t(1 + scale_at % kScaleSlotBytes) : 0;
+  if (ok) {
+    bulk_copy(shared_address(staging + e * kEntryDataBytes), src.data, kEntryDataBytes, bar);
+    bulk_copy(shared_address(staging + kRawScaleOffset + e * kScaleSlotBytes),
+              reinterpret_cast<const void*>(scale_at & ~uintptr_t(kScaleSlotBytes - 1)), kScaleSlotBytes, bar);
   }
 }
 
@@ -333,7 +362,9 @@ DSV4_SM90_DEVICE void issue_sub_gather(const EntrySource& src, int e, int part, 
 // The tile's valid mask is written by lane 0 of each producer warp (8 entries per warp).
 DSV4_SM90_DEVICE void decode_sub(const uint8_t* staging, const uint8_t* entry_ok, uint8_t* tile, uint8_t* valid_bytes,
                                  int e, int part) {
-  const bool ok = entry_ok[e] != 0;
+  const int ok_byte = entry_ok[e];
+  const bool ok = ok_byte != 0;
+  const uint8_t* scales = staging + kRawScaleOffset + e * kScaleSlotBytes + (ok ? ok_byte - 1 : 0);
   const uint32_t mask = __ballot_sync(0xffffffffu, ok && part == 0);
   if (threadIdx.x % 32 == 0) {
     uint32_t bits = 0;  // lanes 0, 4, .. 28 hold entries 8w .. 8w + 7
@@ -347,7 +378,7 @@ DSV4_SM90_DEVICE void decode_sub(const uint8_t* staging, const uint8_t* entry_ok
     uint4 first = make_uint4(0, 0, 0, 0), second = first;
     if (ok) {
       const uint4 codes = *reinterpret_cast<const uint4*>(raw + item * kVectorBytes);
-      decode_nope_16(codes, staging[kRawScaleOffset + e * kEntryScaleBytes + k], first, second);
+      decode_nope_16(codes, scales[k], first, second);
     }
     *reinterpret_cast<uint4*>(tile + kv_offset(e, 2 * item)) = first;
     *reinterpret_cast<uint4*>(tile + kv_offset(e, 2 * item + 1)) = second;
@@ -373,6 +404,11 @@ DSV4_SM90_DEVICE void produce(const SparseMlaDecodeParams& p, const int32_t* met
   uint8_t* flag_ring = smem + kIndexFlagOffset;
   const int pt = threadIdx.x - kConsumerThreads;
   const int e = pt / kThreadsPerEntry, part = pt % kThreadsPerEntry;
+  const uint32_t stage_bars = shared_address(smem + kStageBarOffset);
+  if (pt == 0) {
+    for (int k = 0; k < kRawStages; ++k) mbarrier_init(stage_bars + 8 * k, kProducerThreads / 32);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
   SubCursor index_cursor = first_sub(p, meta);
   uint8_t* live = smem + kLiveOffset;
   auto copy_next_index = [&](int64_t x) {  // x: the sub-block index_cursor is at
@@ -384,11 +420,11 @@ DSV4_SM90_DEVICE void produce(const SparseMlaDecodeParams& p, const int32_t* met
   for (int x = 0; x < kIndexLead; ++x) copy_next_index(x);
   cp_async_commit();
   cp_async_wait_all();
-  named_sync(kBarProducers, kProducerThreads);
+  named_sync(kBarProducers, kProducerThreads);  // indices of the first sub-blocks and the mbarriers are ready
   auto step = [&](int64_t x) {
     const int slot = int(x % kIndexSlots), stage = int(x % kRawStages);
     const EntrySource src = entry_source(p, index_ring + slot * kSub * 8, flag_ring + slot * kSub, e);
-    issue_sub_gather(src, e, part, raw + stage * kRawBytes, entry_ok + stage * kSub);
+    issue_sub_gather(src, e, part, raw + stage * kRawBytes, entry_ok + stage * kSub, stage_bars + 8 * stage);
     copy_next_index(x + kIndexLead);
     cp_async_commit();
   };
@@ -397,13 +433,14 @@ DSV4_SM90_DEVICE void produce(const SparseMlaDecodeParams& p, const int32_t* met
   for (;; ++g) {
     const bool tr = pt == 0 && g < 40;
     if (tr) trace(400 + 8 * int(g));
-    cp_async_wait_group<kRawStages - 2>();  // sub-block g landed (this thread's copies)
-    if (tr) trace(401 + 8 * int(g));
-    named_sync(kBarProducers, kProducerThreads);  // everyone's copies of g landed; everyone is done with g - 1
+    cp_async_wait_group<kRawStages - 2>();  // the index copies step g issued landed (this thread's)
+    named_sync(kBarProducers, kProducerThreads);  // everyone's index copies landed; everyone is done with g - 1
     if (!live[g % kIndexSlots]) break;  // past the partition's last sub-block
+    if (tr) trace(401 + 8 * int(g));
     step(g + kRawStages - 1);
-    if (tr) trace(402 + 8 * int(g));
     const int tile = int(g % 2), stage = int(g % kRawStages);
+    mbarrier_wait(stage_bars + 8 * stage, uint32_t(g / kRawStages) & 1u);  // sub-block g's bytes landed
+    if (tr) trace(402 + 8 * int(g));
     if (g >= 2) named_sync(kBarEmpty + tile, kCtaThreads);
     if (tr) trace(403 + 8 * int(g));
     if (!(ablate_bits & 1))
@@ -525,29 +562,41 @@ DSV4_SM90_DEVICE void consume(const SparseMlaDecodeParams& p, const int32_t* met
       for (int i = 0; i < 4; ++i) st.o[t][i] = 0.0f;
     st.max[0] = st.max[1] = -INFINITY;
     st.sum[0] = st.sum[1] = 0.0f;
-    for (int64_t i = 0; i < piece.subs; ++i, ++g) {
-      const int tile = int(g % 2);
-      const uint32_t kv_tile = kv_base + tile * kKvTileBytes;
+    // Software pipeline: S of sub-block i + 1 runs on the tensor cores during the softmax of sub-block i.
+    float scores_a[kScoreTiles][4], scores_b[kScoreTiles][4];
+    auto begin_scores = [&](int64_t at, float (&sc)[kScoreTiles][4]) {
+      const int tile = int(at % 2);
       named_sync(kBarFull + tile, kCtaThreads);
-      if (threadIdx.x == 0 && g < 40) trace(8 + 8 * int(g));
-      float scores[kScoreTiles][4] = {};
-      if (!(ablate_bits & 2)) issue_scores(q_base, kv_tile, half, scores);
-      wgmma_wait_all();
-      if (threadIdx.x == 0 && g < 40) trace(9 + 8 * int(g));
-      add_other_half(scores, exchange, half);
-      if (threadIdx.x == 0 && g < 40) trace(10 + 8 * int(g));
+      if (threadIdx.x == 0 && at < 40) trace(8 + 8 * int(at));
+      issue_scores(q_base, kv_base + tile * kKvTileBytes, half, sc);
+    };
+    auto attend = [&](int64_t i, float (&cur)[kScoreTiles][4], float (&next)[kScoreTiles][4]) {
+      const int64_t at = g + i;
+      const int tile = int(at % 2);
+      wgmma_wait_all();  // S of this sub-block (and the previous P V) done
+      if (threadIdx.x == 0 && at < 40) trace(9 + 8 * int(at));
+      add_other_half(cur, exchange, half);
+      if (threadIdx.x == 0 && at < 40) trace(10 + 8 * int(at));
+      if (i + 1 < piece.subs) begin_scores(at + 1, next);
       uint32_t probs[kPvSteps][4];
-      softmax_sub(scores, valid[tile], scale_log2, lane, st, probs);
-      if (threadIdx.x == 0 && g < 40) trace(11 + 8 * int(g));
-      if (!(ablate_bits & 4)) {
-        wgmma_fence();
-        slab_values(kv_tile, probs, half, st);
-        wgmma_commit();
-        wgmma_wait_all();
-      }
-      if (threadIdx.x == 0 && g < 40) trace(12 + 8 * int(g));
+      float alpha[2];
+      softmax_sub(cur, valid[tile], scale_log2, lane, st, probs, alpha);
+      wgmma_wait_all();  // the next S is done too: O may be written
+      rescale_o(st, alpha);
+      if (threadIdx.x == 0 && at < 40) trace(11 + 8 * int(at));
+      wgmma_fence();
+      slab_values(kv_base + tile * kKvTileBytes, probs, half, st);
+      wgmma_commit();
+      wgmma_wait_all();  // P V done (and the next S): this tile is free
+      if (threadIdx.x == 0 && at < 40) trace(12 + 8 * int(at));
       named_arrive(kBarEmpty + tile, kCtaThreads);
+    };
+    if (piece.subs > 0) begin_scores(g, scores_a);
+    for (int64_t i = 0; i < piece.subs; i += 2) {
+      attend(i, scores_a, scores_b);
+      if (i + 1 < piece.subs) attend(i + 1, scores_b, scores_a);
     }
+    g += piece.subs;
     finish_rows(p, piece, s, head0, row_group, half, lane, st);
     if (threadIdx.x == 0) trace(2);
   }
