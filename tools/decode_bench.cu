@@ -242,11 +242,12 @@ int main(int argc, char** argv) {
     const long long t0 = t[3];
     std::printf("trace (cycles from CTA start): q loaded %lld, finish %lld\n", t[1] - t0, t[2] - t0);
     for (int g = 0; g < 40 && t[8 + 8 * g] != 0; ++g)
-      std::printf("  sub %2d consumer: full %6lld S %5lld xchg %5lld softmax %5lld pv %5lld | producer: top %6lld data %5lld step %5lld empty %5lld decode %5lld\n",
+      std::printf("  sub %2d consumer: full %6lld S %5lld xchg %5lld softmax %5lld pv %5lld | issuer: top %6lld "
+                  "free %5lld issue %5lld | decoder: landed %6lld empty %5lld decode %5lld\n",
                   g, t[8 + 8 * g] - t0, t[9 + 8 * g] - t[8 + 8 * g], t[10 + 8 * g] - t[9 + 8 * g],
                   t[11 + 8 * g] - t[10 + 8 * g], t[12 + 8 * g] - t[11 + 8 * g], t[400 + 8 * g] - t0,
-                  t[401 + 8 * g] - t[400 + 8 * g], t[402 + 8 * g] - t[401 + 8 * g], t[403 + 8 * g] - t[402 + 8 * g],
-                  t[404 + 8 * g] - t[403 + 8 * g]);
+                  t[401 + 8 * g] - t[400 + 8 * g], t[402 + 8 * g] - t[401 + 8 * g], t[403 + 8 * g] - t0,
+                  t[404 + 8 * g] - t[403 + 8 * g], t[405 + 8 * g] - t[404 + 8 * g]);
     dsv4::cuda::set_decode_trace(nullptr);
   }
   if (const char* bits = std::getenv("DECODE_ABLATE")) {  // timing of the next tier with steps left out
