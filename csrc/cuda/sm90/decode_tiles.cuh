@@ -127,30 +127,42 @@ DSV4_SM90_DEVICE void e4m3x4_to_bf16_biased(uint32_t codes, uint32_t& lo, uint32
   lo = out[0], hi = out[1];
 }
 
-// 16 nope codes sharing scale byte b -> 16 bf16 values e4m3 * 2^(b - 127) rounded once, as two 16-byte chunks.
-// Fast path: bf16 code * 2^-120 times bf16 2^(b - 7) (representable for b <= 134); otherwise (or on an e4m3 NaN
-// code) the exact fp32 route.
-DSV4_SM90_DEVICE void decode_nope_16(uint4 codes, uint8_t scale_byte, uint4& first, uint4& second) {
-  constexpr uint32_t kMaxFastScale = 134, kBiasShift = 120, kBf16ExponentShift = 7;
+constexpr uint32_t kMaxDirectScale = 134, kBiasShift = 120, kBf16ExponentShift = 7;
+
+// Whether 16 codes under scale byte b take the direct bf16 route (no e4m3 NaN code, 2^(b - 7) a bf16 normal).
+DSV4_SM90_DEVICE bool decodes_directly(uint4 codes, uint32_t scale_byte) {
   const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
   uint32_t nan_bits = 0;
   for (int i = 0; i < 4; ++i) nan_bits |= ((words[i] & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u;
+  return nan_bits == 0 && scale_byte <= kMaxDirectScale;
+}
+
+// The direct route: bf16 code * 2^-120 times bf16 2^(b - 7), exact for every finite code (decodes_directly).
+DSV4_SM90_DEVICE void decode_nope_16_direct(uint4 codes, uint32_t scale_byte, uint4& first, uint4& second) {
+  const uint32_t factor_half = (scale_byte + kBiasShift) << kBf16ExponentShift;
+  const uint32_t factor = factor_half | factor_half << 16;
+  const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
   uint32_t out[8];
-  if (scale_byte <= kMaxFastScale && nan_bits == 0) {
-    const uint32_t factor_half = (uint32_t(scale_byte) + kBiasShift) << kBf16ExponentShift;
-    const uint32_t factor = factor_half | factor_half << 16;
-    for (int i = 0; i < 4; ++i) {
-      uint32_t lo, hi;
-      e4m3x4_to_bf16_biased(words[i], lo, hi);
-      out[2 * i] = mul_bf16x2(lo, factor), out[2 * i + 1] = mul_bf16x2(hi, factor);
-    }
-  } else {
-    const float scale = ue8m0_to_f32(scale_byte);
-    for (int i = 0; i < 8; ++i) {
-      float lo, hi;
-      e4m3x2_to_f32(uint16_t(words[i / 2] >> (16 * (i % 2))), lo, hi);
-      out[i] = pack_bf16x2(lo * scale, hi * scale);
-    }
+  for (int i = 0; i < 4; ++i) {
+    uint32_t lo, hi;
+    e4m3x4_to_bf16_biased(words[i], lo, hi);
+    out[2 * i] = mul_bf16x2(lo, factor), out[2 * i + 1] = mul_bf16x2(hi, factor);
+  }
+  first = make_uint4(out[0], out[1], out[2], out[3]);
+  second = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
+// 16 nope codes sharing scale byte b -> 16 bf16 values e4m3 * 2^(b - 127) rounded once, as two 16-byte chunks.
+// The direct route when it applies, else (an e4m3 NaN code or a large scale) the exact fp32 route.
+DSV4_SM90_DEVICE void decode_nope_16(uint4 codes, uint8_t scale_byte, uint4& first, uint4& second) {
+  if (decodes_directly(codes, scale_byte)) return decode_nope_16_direct(codes, scale_byte, first, second);
+  const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
+  uint32_t out[8];
+  const float scale = ue8m0_to_f32(scale_byte);
+  for (int i = 0; i < 8; ++i) {
+    float lo, hi;
+    e4m3x2_to_f32(uint16_t(words[i / 2] >> (16 * (i % 2))), lo, hi);
+    out[i] = pack_bf16x2(lo * scale, hi * scale);
   }
   first = make_uint4(out[0], out[1], out[2], out[3]);
   second = make_uint4(out[4], out[5], out[6], out[7]);

@@ -17,12 +17,10 @@ namespace {
 
 constexpr int kSub = 32;  // entries per sub-block (half a schedule block)
 constexpr int kConsumerThreads = 256, kProducerThreads = 128, kCtaThreads = kConsumerThreads + kProducerThreads;
-constexpr int kDecoderThreads = kProducerThreads - 32;  // producer warp 0 issues the gathers, warps 1-3 decode
-constexpr int kDecodersPerEntry = kDecoderThreads / kSub;
-constexpr int kTileThreads = kConsumerThreads + kDecoderThreads;  // the tile full / empty barriers
-constexpr int kConsumerRegs = 208, kProducerRegs = 88;
+constexpr int kThreadsPerEntry = kProducerThreads / kSub;  // producer threads per entry of a sub-block
+constexpr int kConsumerRegs = 192, kProducerRegs = 120;
 static_assert(kConsumerThreads * kConsumerRegs + kProducerThreads * kProducerRegs <= kCtaThreads * 168,
-              "setmaxnreg.inc waits for registers the producers released: never more than the CTA holds");  // 2 x 208 + 88 = 3 x 168, the registers the CTA starts with
+              "setmaxnreg.inc waits for registers the producers released: never more than the CTA holds");  // 2 x 192 + 120 = 3 x 168, the registers the CTA starts with
 // Named barriers (0 is __syncthreads): tile t full = 1 + t, tile t empty = 3 + t, producers only, consumers only.
 constexpr int kBarFull = 1, kBarEmpty = 3, kBarProducers = 5, kBarConsumers = 6;
 constexpr int kSubsPerBlock = kEntriesPerBlock / kSub;
@@ -42,7 +40,7 @@ constexpr int kQSlabBytes = kHeadsPerCta * kRowBytes;  // 8 KB
 constexpr int kKvSlabBytes = kSub * kRowBytes;  // 4 KB
 constexpr int kKvTileBytes = kDim / kSlabDims * kKvSlabBytes;  // 32 KB
 constexpr int kRawScaleOffset = kSub * kEntryDataBytes;  // staging: all data, then all scale rows
-constexpr int kRawBytes = kRawScaleOffset + kSub * kEntryScaleBytes;
+constexpr int kRawBytes = kRawScaleOffset + kSub * kEntryScaleBytes;  // 18688
 constexpr int kItemsPerEntry = kEntryDataBytes / kVectorBytes;  // 36 16-byte items
 constexpr int kNopeItems = kNopeDim / kVectorBytes;  // 28
 
@@ -51,11 +49,9 @@ constexpr int kQOffset = 0;
 constexpr int kKvOffset = kQOffset + kTileBytes;
 constexpr int kRawOffset = kKvOffset + 2 * kKvTileBytes;
 constexpr int kEntryOkOffset = kRawOffset + kRawStages * kRawBytes;
-constexpr int kValidOffset = kEntryOkOffset + kRawStages * kSub;  // a valid byte per entry of each tile
-constexpr int kStageLiveOffset = kValidOffset + 2 * kSub;  // per raw stage: does it hold a sub-block
-constexpr int kStageBarOffset = (kStageLiveOffset + kRawStages + 7) / 8 * 8;  // full, then free mbarrier per stage
+constexpr int kValidOffset = kEntryOkOffset + kRawStages * kSub;  // a 32-bit valid-entry mask per tile
 constexpr int kIndexSlots = 8;  // ring of sub-blocks' index values (8 bytes per entry) and their set flags
-constexpr int kIndexOffset = (kStageBarOffset + 2 * kRawStages * 8 + 15) / 16 * 16;
+constexpr int kIndexOffset = kValidOffset + 2 * 4 + 8;  // 16-byte aligned
 constexpr int kIndexFlagOffset = kIndexOffset + kIndexSlots * kSub * 8;
 constexpr int kLiveOffset = kIndexFlagOffset + kIndexSlots * kSub;  // per ring slot: does that sub-block exist
 constexpr int kExchangeOffset = (kLiveOffset + kIndexSlots + 15) / 16 * 16;  // each consumer's partial S (fp32, [half][float4][thread])
@@ -177,30 +173,13 @@ DSV4_SM90_DEVICE void slab_values(uint32_t kv_base, const uint32_t (&p)[kPvSteps
 
 __constant__ int ablate_bits;  // development: 1 skip decode, 2 skip S, 4 skip PV, 8 skip gathers
 __constant__ long long* trace_buffer;  // development: [CTA 0 only] event clocks
+constexpr bool kTrace = true;
 DSV4_SM90_DEVICE void trace(int slot) {
+  if (!kTrace) return;
   if (trace_buffer != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && slot < 4096)
     trace_buffer[slot] = clock64();
 }
 
-// mbarrier of a raw stage: its bulk copies complete its transaction count; decoders wait on the phase parity.
-DSV4_SM90_DEVICE void mbarrier_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// Arrives on bar once every cp.async this thread issued so far has landed (counted in the mbarrier's init count).
-DSV4_SM90_DEVICE void mbarrier_arrive_on_copies(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-DSV4_SM90_DEVICE void mbarrier_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-DSV4_SM90_DEVICE void mbarrier_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nwait_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
 DSV4_SM90_DEVICE void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -336,138 +315,135 @@ DSV4_SM90_DEVICE EntrySource entry_source(const SparseMlaDecodeParams& p, const 
   return {page + offset * kEntryDataBytes, page + cache.block_size * kEntryDataBytes + offset * kEntryScaleBytes};
 }
 
-// Lane e of the issuing warp starts copying the raw bytes of entry e of a sub-block into a staging buffer
-// (16-byte cp.async where the page allows, else 8-byte) and records in entry_ok[e] whether it is attended.
-DSV4_SM90_DEVICE void issue_entry_gather(const EntrySource& src, int e, uint8_t* staging, uint8_t* entry_ok) {
+// Starts copying the raw bytes of one entry of a sub-block into a staging buffer (kThreadsPerEntry producer threads
+// per entry, 16-byte copies where the page allows); entry_ok[e] records validity. Always commits one cp.async
+// group (with the index copies issued alongside; empty when nothing is), so group counts stay uniform.
+DSV4_SM90_DEVICE void issue_sub_gather(const EntrySource& src, int e, int part, uint8_t* staging, uint8_t* entry_ok) {
   const bool ok = !(ablate_bits & 8) && src.data != nullptr;
-  entry_ok[e] = ok;
-  if (!ok) return;
-  const uint32_t dst = shared_address(staging + e * kEntryDataBytes);
-  if (reinterpret_cast<uintptr_t>(src.data) % kVectorBytes == 0) {
-#pragma unroll 4
-    for (int piece = 0; piece < kEntryDataBytes / kVectorBytes; ++piece)
-      cp_async_16(dst + piece * kVectorBytes, src.data + piece * kVectorBytes);
-  } else {
-    for (int piece = 0; piece < kDataPieces; ++piece)
-      cp_async_8(dst + piece * kPieceBytes, src.data + piece * kPieceBytes);
+  if (part == 0) entry_ok[e] = ok;
+  if (ok) {
+    const uint32_t dst = shared_address(staging + e * kEntryDataBytes);
+    if (reinterpret_cast<uintptr_t>(src.data) % kVectorBytes == 0) {
+#pragma unroll
+      for (int k = 0; k < kItemsPerEntry / kThreadsPerEntry; ++k) {
+        const int piece = part + kThreadsPerEntry * k;
+        cp_async_16(dst + piece * kVectorBytes, src.data + piece * kVectorBytes);
+      }
+    } else {
+      for (int piece = part; piece < kDataPieces; piece += kThreadsPerEntry)
+        cp_async_8(dst + piece * kPieceBytes, src.data + piece * kPieceBytes);
+    }
+    if (part == kThreadsPerEntry - 1)
+      cp_async_8(shared_address(staging + kRawScaleOffset + e * kEntryScaleBytes), src.scales);
   }
-  cp_async_8(shared_address(staging + kRawScaleOffset + e * kEntryScaleBytes), src.scales);
 }
 
-// Decodes this decoder thread's share of a staged sub-block into a K/V tile: entry e, 16-byte items
-// part + 3k (nope codes of scale tile item / 4, then RoPE chunks copied). Invalid entries become zero rows
-// (0 * NaN would poison P V) and valid[e] = 0.
-DSV4_SM90_DEVICE void decode_sub(const uint8_t* staging, const uint8_t* entry_ok, uint8_t* tile, uint8_t* valid,
+// Decodes this producer thread's share of a staged sub-block into a K/V tile: entry e, nope items part + 4k (scale
+// tile k) and RoPE chunks 2 part, 2 part + 1 (copied). Invalid entries become zero rows (0 * NaN would poison P V).
+// The tile's valid mask is written by lane 0 of each producer warp (8 entries per warp).
+DSV4_SM90_DEVICE void decode_sub(const uint8_t* staging, const uint8_t* entry_ok, uint8_t* tile, uint8_t* valid_bytes,
                                  int e, int part) {
   const bool ok = entry_ok[e] != 0;
-  if (part == 0) valid[e] = ok;
+  const uint32_t mask = __ballot_sync(0xffffffffu, ok && part == 0);
+  if (threadIdx.x % 32 == 0) {
+    uint32_t bits = 0;  // lanes 0, 4, .. 28 hold entries 8w .. 8w + 7
+    for (int k = 0; k < 8; ++k) bits |= ((mask >> (4 * k)) & 1u) << k;
+    valid_bytes[(threadIdx.x - kConsumerThreads) / 32] = uint8_t(bits);
+  }
   const uint8_t* raw = staging + e * kEntryDataBytes;
   const uint8_t* scales = staging + kRawScaleOffset + e * kEntryScaleBytes;
+  // A batch of this thread's codes and scales first; when no lane of the warp needs the exact fp32 route (a NaN
+  // code or a scale byte past the direct range), the batch converts branch-free, interleaved across its items.
+  constexpr int kItems = kNopeItems / kThreadsPerEntry, kBatch = 4;
 #pragma unroll
-  for (int k = 0; k < kItemsPerEntry / kDecodersPerEntry; ++k) {
-    const int item = part + kDecodersPerEntry * k;
-    const uint4 codes = ok ? *reinterpret_cast<const uint4*>(raw + item * kVectorBytes) : make_uint4(0, 0, 0, 0);
-    if (item < kNopeItems) {
+  for (int k0 = 0; k0 < kItems; k0 += kBatch) {
+    uint4 codes[kBatch];
+    uint32_t scale[kBatch];
+    bool direct = true;
+#pragma unroll
+    for (int k = 0; k < kBatch && k0 + k < kItems; ++k) {
+      codes[k] = ok ? *reinterpret_cast<const uint4*>(raw + (part + kThreadsPerEntry * (k0 + k)) * kVectorBytes)
+                    : make_uint4(0, 0, 0, 0);
+      scale[k] = ok ? scales[k0 + k] : 0;
+      direct = direct && decodes_directly(codes[k], scale[k]);
+    }
+    direct = __all_sync(0xffffffffu, direct);
+#pragma unroll
+    for (int k = 0; k < kBatch && k0 + k < kItems; ++k) {
+      const int item = part + kThreadsPerEntry * (k0 + k);
       uint4 first = make_uint4(0, 0, 0, 0), second = first;
-      if (ok) decode_nope_16(codes, scales[item * kVectorBytes / kNopeTile], first, second);
+      if (direct) {
+        decode_nope_16_direct(codes[k], scale[k], first, second);
+        if (!ok) first = second = make_uint4(0, 0, 0, 0);
+      } else if (ok) {
+        decode_nope_16(codes[k], uint8_t(scale[k]), first, second);
+      }
       *reinterpret_cast<uint4*>(tile + kv_offset(e, 2 * item)) = first;
       *reinterpret_cast<uint4*>(tile + kv_offset(e, 2 * item + 1)) = second;
-    } else {
-      *reinterpret_cast<uint4*>(tile + kv_offset(e, kNopeChunks + item - kNopeItems)) = codes;
     }
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int chunk = 2 * part + k;
+    const uint4 v = ok ? *reinterpret_cast<const uint4*>(raw + kNopeDim + chunk * kVectorBytes) : make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(tile + kv_offset(e, kNopeChunks + chunk)) = v;
   }
   fence_async_shared();
 }
 
-// Producer warpgroup. Warp 0 issues: for sub-block x it waits until stage x % kRawStages is free (decoded), issues
-// lane e's entry gather, arrives on the stage's full mbarrier when its copies land, and copies the indices of
-// sub-block x + kIndexLead. Warps 1-3 decode: wait for a stage's bytes, wait for the tile to be empty, decode, free
-// the stage, hand the tile to the consumers.
-DSV4_SM90_DEVICE void issue_gathers(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t s, uint8_t* smem,
-                                    uint32_t full_bars, uint32_t free_bars) {
-  uint8_t* raw = smem + kRawOffset;
-  uint8_t* entry_ok = smem + kEntryOkOffset;
-  uint8_t* stage_live = smem + kStageLiveOffset;
-  uint8_t* index_ring = smem + kIndexOffset;
-  uint8_t* flag_ring = smem + kIndexFlagOffset;
-  uint8_t* live = smem + kLiveOffset;
-  const int e = threadIdx.x % 32;
-  SubCursor index_cursor = first_sub(p, meta);
-  auto copy_next_index = [&](int64_t x) {  // x: the sub-block index_cursor is at
-    const int slot = int(x % kIndexSlots);
-    issue_index_copy(p, index_cursor, s, e, index_ring + slot * kSub * 8, flag_ring + slot * kSub);
-    if (e == 0) live[slot] = !index_cursor.done;
-    next_sub(p, meta, index_cursor);
-  };
-  for (int x = 0; x < kIndexLead; ++x) copy_next_index(x);
-  cp_async_commit();
-  for (int64_t x = 0;; ++x) {
-    const int stage = int(x % kRawStages), slot = int(x % kIndexSlots);
-    const bool tr = e == 0 && x < 40;
-    if (tr) trace(400 + 8 * int(x));
-    if (x >= kRawStages) mbarrier_wait(free_bars + 8 * stage, uint32_t(x / kRawStages - 1) & 1u);
-    if (tr) trace(401 + 8 * int(x));
-    cp_async_wait_group<kIndexLead - 1>();  // this lane's index of sub-block x landed
-    __syncwarp();
-    const bool is_live = live[slot] != 0;  // written by lane 0 when the index was copied
-    if (is_live)
-      issue_entry_gather(entry_source(p, index_ring + slot * kSub * 8, flag_ring + slot * kSub, e), e,
-                         raw + stage * kRawBytes, entry_ok + stage * kSub);
-    if (e == 0) stage_live[stage] = is_live;
-    mbarrier_arrive_on_copies(full_bars + 8 * stage);
-    __syncwarp();
-    if (e == 0) mbarrier_arrive(full_bars + 8 * stage);  // publishes entry_ok and stage_live
-    if (tr) trace(402 + 8 * int(x));
-    if (!is_live) break;
-    copy_next_index(x + kIndexLead);
-    cp_async_commit();
-  }
-  cp_async_wait_all();
-}
-
-DSV4_SM90_DEVICE void decode_stages(uint8_t* smem, uint32_t full_bars, uint32_t free_bars) {
+// Producer warpgroup. Step x issues the gather of sub-block x (and the index copies of sub-block x + kIndexLead);
+// step g + kRawStages - 1 runs once every producer is past decoding g - 1 (its stage is free); then wait for g's
+// bytes and for its tile to be empty, decode, hand the tile over.
+DSV4_SM90_DEVICE void produce(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t s, uint8_t* smem) {
   uint8_t* kv_tiles = smem + kKvOffset;
   uint8_t* raw = smem + kRawOffset;
   uint8_t* entry_ok = smem + kEntryOkOffset;
   uint8_t* valid = smem + kValidOffset;
-  const uint8_t* stage_live = smem + kStageLiveOffset;
-  const int d = threadIdx.x - kConsumerThreads - 32;
-  const int e = d / kDecodersPerEntry, part = d % kDecodersPerEntry;
+  uint8_t* index_ring = smem + kIndexOffset;
+  uint8_t* flag_ring = smem + kIndexFlagOffset;
+  const int pt = threadIdx.x - kConsumerThreads;
+  const int e = pt / kThreadsPerEntry, part = pt % kThreadsPerEntry;
+  SubCursor index_cursor = first_sub(p, meta);
+  uint8_t* live = smem + kLiveOffset;
+  auto copy_next_index = [&](int64_t x) {  // x: the sub-block index_cursor is at
+    const int slot = int(x % kIndexSlots);
+    if (part == 0) issue_index_copy(p, index_cursor, s, e, index_ring + slot * kSub * 8, flag_ring + slot * kSub);
+    if (pt == 0) live[slot] = !index_cursor.done;
+    next_sub(p, meta, index_cursor);
+  };
+  for (int x = 0; x < kIndexLead; ++x) copy_next_index(x);
+  cp_async_commit();
+  cp_async_wait_all();
+  named_sync(kBarProducers, kProducerThreads);
+  auto step = [&](int64_t x) {
+    const int slot = int(x % kIndexSlots), stage = int(x % kRawStages);
+    const EntrySource src = entry_source(p, index_ring + slot * kSub * 8, flag_ring + slot * kSub, e);
+    issue_sub_gather(src, e, part, raw + stage * kRawBytes, entry_ok + stage * kSub);
+    copy_next_index(x + kIndexLead);
+    cp_async_commit();
+  };
+  for (int x = 0; x < kRawStages - 1; ++x) step(x);
   int64_t g = 0;
   for (;; ++g) {
+    const bool tr = pt == 0 && g < 40;
+    if (tr) trace(400 + 8 * int(g));
+    cp_async_wait_group<kRawStages - 2>();  // sub-block g landed (this thread's copies)
+    if (tr) trace(401 + 8 * int(g));
+    named_sync(kBarProducers, kProducerThreads);  // everyone's copies of g landed; everyone is done with g - 1
+    if (!live[g % kIndexSlots]) break;  // past the partition's last sub-block
+    step(g + kRawStages - 1);
+    if (tr) trace(402 + 8 * int(g));
     const int tile = int(g % 2), stage = int(g % kRawStages);
-    const bool tr = d == 0 && g < 40;
-    mbarrier_wait(full_bars + 8 * stage, uint32_t(g / kRawStages) & 1u);
+    if (g >= 2) named_sync(kBarEmpty + tile, kCtaThreads);
     if (tr) trace(403 + 8 * int(g));
-    if (!stage_live[stage]) break;
-    if (g >= 2) named_sync(kBarEmpty + tile, kTileThreads);
-    if (tr) trace(404 + 8 * int(g));
     if (!(ablate_bits & 1))
-      decode_sub(raw + stage * kRawBytes, entry_ok + stage * kSub, kv_tiles + tile * kKvTileBytes,
-                 valid + tile * kSub, e, part);
-    if (tr) trace(405 + 8 * int(g));
-    __syncwarp();
-    if (threadIdx.x % 32 == 0) mbarrier_arrive(free_bars + 8 * stage);
-    named_arrive(kBarFull + tile, kTileThreads);
+      decode_sub(raw + stage * kRawBytes, entry_ok + stage * kSub, kv_tiles + tile * kKvTileBytes, valid + 4 * tile,
+                 e, part);
+    if (tr) trace(404 + 8 * int(g));
+    named_arrive(kBarFull + tile, kCtaThreads);
   }
-  for (int64_t k = g < 2 ? 0 : g - 2; k < g; ++k) named_sync(kBarEmpty + int(k % 2), kTileThreads);
-}
-
-DSV4_SM90_DEVICE void produce(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t s, uint8_t* smem) {
-  const uint32_t full_bars = shared_address(smem + kStageBarOffset), free_bars = full_bars + 8 * kRawStages;
-  if (threadIdx.x == kConsumerThreads) {
-    for (int k = 0; k < kRawStages; ++k) {
-      mbarrier_init(full_bars + 8 * k, 32 + 1);  // the issuing lanes' copies, then lane 0's publishing arrive
-      mbarrier_init(free_bars + 8 * k, kDecoderThreads / 32);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  named_sync(kBarProducers, kProducerThreads);
-  if (threadIdx.x < kConsumerThreads + 32) {
-    issue_gathers(p, meta, s, smem, full_bars, free_bars);
-  } else {
-    decode_stages(smem, full_bars, free_bars);
-  }
+  for (int64_t d = g < 2 ? 0 : g - 2; d < g; ++d) named_sync(kBarEmpty + int(d % 2), kCtaThreads);
+  cp_async_wait_all();
 }
 
 // Finalises this thread's rows: o / sum and the natural-log lse; a single piece applies the sink and writes out /
@@ -539,14 +515,6 @@ DSV4_SM90_DEVICE void consumer_load_q(const SparseMlaDecodeParams& p, int64_t b,
   named_sync(kBarConsumers, kConsumerThreads);
 }
 
-// The 32 valid bytes of a tile as a bit mask (bit e: entry e attended).
-DSV4_SM90_DEVICE uint32_t valid_mask(const uint32_t* bytes) {
-  uint32_t mask = 0;
-#pragma unroll
-  for (int k = 0; k < kSub / 4; ++k) mask |= (((bytes[k] & 0x01010101u) * 0x01020408u) >> 24) << (4 * k);
-  return mask;
-}
-
 // S = (this consumer's half) + (the other's half), exchanged through shared memory; both consumers end with the
 // same bits (fp32 addition commutes). The next sub-block's full barrier orders these reads before the next writes.
 DSV4_SM90_DEVICE void add_other_half(float (&s)[kScoreTiles][4], float4* exchange, int half) {
@@ -565,7 +533,7 @@ DSV4_SM90_DEVICE void consume(const SparseMlaDecodeParams& p, const int32_t* met
                               uint8_t* smem) {
   uint8_t* q_tile = smem + kQOffset;
   const uint32_t q_base = shared_address(q_tile), kv_base = shared_address(smem + kKvOffset);
-  const uint32_t* valid = reinterpret_cast<const uint32_t*>(smem + kValidOffset);  // bytes, read 4 at a time
+  const uint32_t* valid = reinterpret_cast<const uint32_t*>(smem + kValidOffset);
   float4* exchange = reinterpret_cast<float4*>(smem + kExchangeOffset);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row_group = warp % kRowGroups, half = warp / kRowGroups;
@@ -587,41 +555,24 @@ DSV4_SM90_DEVICE void consume(const SparseMlaDecodeParams& p, const int32_t* met
       for (int i = 0; i < 4; ++i) st.o[t][i] = 0.0f;
     st.max[0] = st.max[1] = -INFINITY;
     st.sum[0] = st.sum[1] = 0.0f;
-    // Software pipeline: S of sub-block i + 1 runs on the tensor cores during the softmax of sub-block i.
-    float scores_a[kScoreTiles][4], scores_b[kScoreTiles][4];
-    auto begin_scores = [&](int64_t at, float (&sc)[kScoreTiles][4]) {
-      const int tile = int(at % 2);
-      named_sync(kBarFull + tile, kTileThreads);
-      if (threadIdx.x == 0 && at < 40) trace(8 + 8 * int(at));
-      issue_scores(q_base, kv_base + tile * kKvTileBytes, half, sc);
-    };
-    auto attend = [&](int64_t i, float (&cur)[kScoreTiles][4], float (&next)[kScoreTiles][4]) {
-      const int64_t at = g + i;
-      const int tile = int(at % 2);
-      wgmma_wait_all();  // S of this sub-block (and the previous P V) done
-      if (threadIdx.x == 0 && at < 40) trace(9 + 8 * int(at));
-      add_other_half(cur, exchange, half);
-      if (threadIdx.x == 0 && at < 40) trace(10 + 8 * int(at));
-      if (i + 1 < piece.subs) begin_scores(at + 1, next);
+    for (int64_t i = 0; i < piece.subs; ++i, ++g) {
+      const int tile = int(g % 2);
+      const uint32_t kv_tile = kv_base + tile * kKvTileBytes;
+      named_sync(kBarFull + tile, kCtaThreads);
+      float scores[kScoreTiles][4];
+      issue_scores(q_base, kv_tile, half, scores);
+      wgmma_wait_all();
+      add_other_half(scores, exchange, half);
       uint32_t probs[kPvSteps][4];
       float alpha[2];
-      softmax_sub(cur, valid_mask(valid + tile * (kSub / 4)), scale_log2, lane, st, probs, alpha);
-      wgmma_wait_all();  // the next S is done too: O may be written
+      softmax_sub(scores, valid[tile], scale_log2, lane, st, probs, alpha);
       rescale_o(st, alpha);
-      if (threadIdx.x == 0 && at < 40) trace(11 + 8 * int(at));
       wgmma_fence();
-      slab_values(kv_base + tile * kKvTileBytes, probs, half, st);
+      slab_values(kv_tile, probs, half, st);
       wgmma_commit();
-      wgmma_wait_all();  // P V done (and the next S): this tile is free
-      if (threadIdx.x == 0 && at < 40) trace(12 + 8 * int(at));
-      named_arrive(kBarEmpty + tile, kTileThreads);
-    };
-    if (piece.subs > 0) begin_scores(g, scores_a);
-    for (int64_t i = 0; i < piece.subs; i += 2) {
-      attend(i, scores_a, scores_b);
-      if (i + 1 < piece.subs) attend(i + 1, scores_b, scores_a);
+      wgmma_wait_all();
+      named_arrive(kBarEmpty + tile, kCtaThreads);
     }
-    g += piece.subs;
     finish_rows(p, piece, s, head0, row_group, half, lane, st);
     if (threadIdx.x == 0) trace(2);
   }
