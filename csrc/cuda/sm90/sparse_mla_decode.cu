@@ -1,8 +1,10 @@
-// Hopper tier of the MODEL1 sparse decode: a CTA of two warpgroups attends 64 heads of one query over the 64-entry
-// blocks of its schedule partition. Per block the entries' raw bytes arrive by cp.async while the two blocks
-// before it are attended (two raw stages), are decoded to a bf16 K/V tile, then S = Q K^T and O += P V run on
-// wgmma (bf16, fp32 accum). Both warpgroups form the same full S (bit-identical, nothing to exchange);
-// warpgroup h owns output dims 256h .. +256, warp w heads 16 * (w % 4) .. +16.
+// Hopper tier of the MODEL1 sparse decode, warp-specialised: a CTA attends 64 heads of one query over its schedule
+// partition in sub-blocks of 32 entries. A producer warpgroup streams the entries' raw bytes into a ring of
+// kRawStages staging buffers by cp.async several sub-blocks ahead (across pieces; the indices travel further ahead
+// through a shared-memory ring, so no thread waits on an index load) and decodes each sub-block into one of two
+// bf16 K/V tiles; two consumer warpgroups run S = Q K^T, the online softmax and O += P V on wgmma. Tiles are handed
+// over with named barriers (full / empty per tile). Both consumers form the same full S (bit-identical, nothing
+// to exchange); consumer h owns output dims 256h .. +256, its warp w heads 16w .. +16.
 #include <cmath>
 
 #include "common/decode_schedule.h"
@@ -14,59 +16,102 @@
 namespace dsv4::cuda::sm90 {
 namespace {
 
-constexpr int kRowGroups = kHeadsPerCta / 16;  // warps sharing one dim half
+constexpr int kSub = 32;  // entries per sub-block (half a schedule block)
+constexpr int kConsumerThreads = 256, kProducerThreads = 128, kCtaThreads = kConsumerThreads + kProducerThreads;
+constexpr int kThreadsPerEntry = kProducerThreads / kSub;  // producer threads per entry of a sub-block
+constexpr int kConsumerRegs = 200, kProducerRegs = 104;  // setmaxnreg: 2 x 200 + 104 = 3 x 168 (launch budget)
+static_assert(kConsumerThreads * kConsumerRegs + kProducerThreads * kProducerRegs <= kCtaThreads * 168,
+              "setmaxnreg.inc waits for registers the producers released: never more than the CTA holds");
+// Named barriers (0 is __syncthreads): tile t full = 1 + t, tile t empty = 3 + t, producers only, consumers only.
+constexpr int kBarFull = 1, kBarEmpty = 3, kBarProducers = 5, kBarConsumers = 6;
+constexpr int kSubsPerBlock = kEntriesPerBlock / kSub;
+constexpr int kRawStages = 5;
+constexpr int kRowGroups = kHeadsPerCta / 16;
 constexpr int kHalfDim = kDim / 2;
-constexpr int kScoreTiles = kEntriesPerBlock / 8;  // n8 tiles of S per warp
+constexpr int kScoreTiles = kSub / 8;  // n8 tiles of S per warp
 constexpr int kValueTiles = kHalfDim / 8;  // n8 tiles of O per warp
-constexpr int kHalfSlabs = kHalfDim / (kSlabChunks * kChunkElems);  // 64-column slabs of a half of d_qk / d_v
-constexpr int kSlabSteps = kSlabChunks * kChunkElems / 16;  // k16 steps per slab
-constexpr int kPvSteps = kEntriesPerBlock / 16;
+constexpr int kSlabDims = kSlabChunks * kChunkElems;  // 64 dims per 128-byte swizzled slab
+constexpr int kHalfSlabs = kHalfDim / kSlabDims;
+constexpr int kSlabSteps = kSlabDims / 16;  // k16 steps per slab
+constexpr int kQkSteps = kDim / 16;
+constexpr int kPvSteps = kSub / 16;
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
-// Dynamic shared memory (from a 1024-aligned base): q tile, K/V tile, two raw stages, their entry flags, valid.
-constexpr int kStages = 2;
+constexpr int kQSlabBytes = kHeadsPerCta * kRowBytes;  // 8 KB
+constexpr int kKvSlabBytes = kSub * kRowBytes;  // 4 KB
+constexpr int kKvTileBytes = kDim / kSlabDims * kKvSlabBytes;  // 32 KB
+constexpr int kRawScaleOffset = kSub * kEntryDataBytes;  // staging: all data, then all scale rows
+constexpr int kRawBytes = kRawScaleOffset + kSub * kEntryScaleBytes;  // 18688
+constexpr int kItemsPerEntry = kEntryDataBytes / kVectorBytes;  // 36 16-byte items
+constexpr int kNopeItems = kNopeDim / kVectorBytes;  // 28
+
+// Dynamic shared memory (from a 1024-aligned base).
 constexpr int kQOffset = 0;
 constexpr int kKvOffset = kQOffset + kTileBytes;
-constexpr int kStagingOffset = kKvOffset + kTileBytes;
-constexpr int kEntryOkOffset = kStagingOffset + kStages * kStagingBytes;
-constexpr int kValidOffset = kEntryOkOffset + kStages * kEntriesPerBlock;
-constexpr int kSmemBytes = kValidOffset + kEntriesPerBlock + kSwizzleAtomBytes;  // + alignment slack
+constexpr int kRawOffset = kKvOffset + 2 * kKvTileBytes;
+constexpr int kEntryOkOffset = kRawOffset + kRawStages * kRawBytes;
+constexpr int kValidOffset = kEntryOkOffset + kRawStages * kSub;  // a 32-bit valid-entry mask per tile
+constexpr int kIndexSlots = 8;  // ring of sub-blocks' index values (8 bytes per entry) and their set flags
+constexpr int kIndexOffset = kValidOffset + 2 * 4 + 8;  // 16-byte aligned
+constexpr int kIndexFlagOffset = kIndexOffset + kIndexSlots * kSub * 8;
+constexpr int kSmemBytes = kIndexFlagOffset + kIndexSlots * kSub + kSwizzleAtomBytes;  // + alignment slack
+static_assert(kSmemBytes <= 227 * 1024, "fits the opt-in shared memory of one CTA");
+static_assert(kRawOffset % 16 == 0 && kRawBytes % 16 == 0, "16-byte staging");
 
-// One thread's share of its warp's 16 rows: fp32 O fragments (rows g and g + 8 of each n8 tile), the running
-// max in the log2 domain of the scaled logits, and this thread's partial sum of exp2(x - max).
+// Byte offset of 16-byte chunk c of row r in a K/V tile of kSub rows (128-byte swizzle, slabs of 64 dims).
+DSV4_SM90_DEVICE uint32_t kv_offset(int row, int chunk) {
+  return uint32_t((chunk / kSlabChunks) * kKvSlabBytes + row * kRowBytes + (((chunk % kSlabChunks) ^ (row & 7)) * 16));
+}
+
 struct RowState {
   float o[kValueTiles][4];
   float max[2];
   float sum[2];
 };
 
-// s = Q K^T: a 64 x 64 wgmma per k16 step, K-major Q and K tiles (the k16 step inside a 128-byte row moves the
-// start address by 32 bytes).
-DSV4_SM90_DEVICE void block_scores(uint32_t q_base, uint32_t kv_base, float (&s)[kScoreTiles][4]) {
-  for (int t = 0; t < kScoreTiles; ++t)
-    for (int i = 0; i < 4; ++i) s[t][i] = 0.0f;
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 2 * kHalfSlabs * kSlabSteps; ++kk) {
-    const uint32_t offset = uint32_t((kk / kSlabSteps) * kSlabBytes + (kk % kSlabSteps) * 32);
-    wgmma_64x64x16_ss(s, swizzled_descriptor(q_base + offset, 16, kSwizzleAtomBytes),
-                      swizzled_descriptor(kv_base + offset, 16, kSwizzleAtomBytes));
-  }
-  wgmma_commit();
-  wgmma_wait_all();
+// d (64 x 32) += A (64 x 16, K-major smem) * B (16 x 32 given as 32 x 16 K-major smem).
+DSV4_SM90_DEVICE void wgmma_64x32x16_ss(float (&d)[kScoreTiles][4], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      " %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "l"(a), "l"(b), "r"(1));
 }
 
-// Online softmax of one block: masks invalid entries, raises the running max, rescales O and the sums, and
+// Issues S = Q K^T of one sub-block (asynchronous; finish with wgmma_wait_all). The k16 step inside a 128-byte
+// row moves the start address by 32 bytes.
+DSV4_SM90_DEVICE void issue_scores(uint32_t q_base, uint32_t kv_base, float (&s)[kScoreTiles][4]) {
+#pragma unroll
+  for (int t = 0; t < kScoreTiles; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[t][i] = 0.0f;
+  // Descriptors hold the address >> 4 in their low bits: a k step adds its offset >> 4 (no carry below 256 KB).
+  const uint64_t q_desc = swizzled_descriptor(q_base, 16, kSwizzleAtomBytes);
+  const uint64_t k_desc = swizzled_descriptor(kv_base, 16, kSwizzleAtomBytes);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kQkSteps; ++kk) {
+    const uint32_t slab = kk / kSlabSteps, step = (kk % kSlabSteps) * 32;
+    wgmma_64x32x16_ss(s, q_desc + ((slab * kQSlabBytes + step) >> 4), k_desc + ((slab * kKvSlabBytes + step) >> 4));
+  }
+  wgmma_commit();
+}
+
+// Online softmax of one sub-block: masks invalid entries, raises the running max, rescales O and the sums, and
 // returns P as bf16 A fragments (k16 step kk covers entries 16 kk .. +16).
-DSV4_SM90_DEVICE void softmax_block(float (&s)[kScoreTiles][4], const uint8_t* valid, float scale_log2, int lane,
-                                    RowState& st, uint32_t (&p)[kPvSteps][4]) {
+DSV4_SM90_DEVICE void softmax_sub(float (&s)[kScoreTiles][4], uint32_t valid, float scale_log2, int lane,
+                                  RowState& st, uint32_t (&p)[kPvSteps][4]) {
   const int quad_col = 2 * (lane & 3);
   float block_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int t = 0; t < kScoreTiles; ++t)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const bool ok = valid[8 * t + quad_col + (i & 1)] != 0;
+      const bool ok = (valid >> (8 * t + quad_col + (i & 1))) & 1u;
       s[t][i] = ok ? s[t][i] * scale_log2 : -INFINITY;
       block_max[i / 2] = fmaxf(block_max[i / 2], s[t][i]);
     }
@@ -81,8 +126,10 @@ DSV4_SM90_DEVICE void softmax_block(float (&s)[kScoreTiles][4], const uint8_t* v
     const float alpha = exp2f(st.max[r] - offset[r]);
     st.max[r] = new_max;
     st.sum[r] *= alpha;
+    if (__any_sync(0xffffffffu, alpha != 1.0f)) {  // an unchanged max leaves O as it is (x * 1 is exact)
 #pragma unroll
-    for (int t = 0; t < kValueTiles; ++t) st.o[t][2 * r] *= alpha, st.o[t][2 * r + 1] *= alpha;
+      for (int t = 0; t < kValueTiles; ++t) st.o[t][2 * r] *= alpha, st.o[t][2 * r + 1] *= alpha;
+    }
   }
 #pragma unroll
   for (int t = 0; t < kScoreTiles; ++t)
@@ -91,7 +138,6 @@ DSV4_SM90_DEVICE void softmax_block(float (&s)[kScoreTiles][4], const uint8_t* v
       s[t][i] = exp2f(s[t][i] - offset[i / 2]);
       st.sum[i / 2] += s[t][i];
     }
-  // Accumulator tile 2kk (+1) holds columns 0-7 (8-15) of A step kk: rows g in regs 0-1, g + 8 in regs 2-3.
 #pragma unroll
   for (int kk = 0; kk < kPvSteps; ++kk) {
     p[kk][0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
@@ -101,56 +147,260 @@ DSV4_SM90_DEVICE void softmax_block(float (&s)[kScoreTiles][4], const uint8_t* v
   }
 }
 
-// O[64 rows, this warpgroup's 256 dims] += P V: per k16 step of entries and 64-dim slab a 64 x 64 wgmma with P
-// from registers and V = the K/V tile read N-major (one swizzle atom spans 8 entries of 64 dims, so both atom
-// strides are the 1024 bytes to the next 8 entries; the slab stride is never needed for n = 64).
+// O[64 rows, this warpgroup's 256 dims] += P V (V = the K/V tile read N-major: one swizzle atom spans 8 entries of
+// 64 dims, so both atom strides are the 1024 bytes to the next 8 entries).
 template <int kSlab = 0>
 DSV4_SM90_DEVICE void slab_values(uint32_t kv_base, const uint32_t (&p)[kPvSteps][4], int half, RowState& st) {
 #pragma unroll
   for (int kk = 0; kk < kPvSteps; ++kk) {
-    const uint32_t address = kv_base + uint32_t((kHalfSlabs * half + kSlab) * kSlabBytes + kk * 16 * kRowBytes);
+    const uint32_t address = kv_base + uint32_t((kHalfSlabs * half + kSlab) * kKvSlabBytes + kk * 16 * kRowBytes);
     wgmma_64x64x16_rs_tn<8 * kSlab>(st.o, p[kk], swizzled_descriptor(address, kSwizzleAtomBytes, kSwizzleAtomBytes));
   }
   if constexpr (kSlab + 1 < kHalfSlabs) slab_values<kSlab + 1>(kv_base, p, half, st);
 }
 
-DSV4_SM90_DEVICE void accumulate_values(uint32_t kv_base, const uint32_t (&p)[kPvSteps][4], int half,
-                                        RowState& st) {
-  wgmma_fence();
-  slab_values(kv_base, p, half, st);
-  wgmma_commit();
-  wgmma_wait_all();
+DSV4_SM90_DEVICE void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+DSV4_SM90_DEVICE void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+template <int kRegs>
+DSV4_SM90_DEVICE void raise_registers() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+DSV4_SM90_DEVICE void lower_registers() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
 // Where one piece's rows go: the output (single-piece request) or split row `split_row` of the partials.
 struct PieceTarget {
-  int64_t r, s, split_row;
+  int64_t split_row;
   bool single;
 };
 
-// Single-piece output rows are staged in shared memory (over the K/V tile and the stages, free by then) and
-// stored as whole 16-byte vectors; the row pitch is padded by 16 bytes so the fragment stores spread over banks.
-constexpr int kOutPitch = kDim * 2 + 16;
-static_assert(kHeadsPerCta * kOutPitch <= kEntryOkOffset - kKvOffset, "output staging fits");
+// One piece of this CTA's partition: request r, its blocks [begin_block, begin_block + subs / 2); `skip` marks a
+// piece whose split row is out of range (a malformed plan): neither role touches it.
+struct Piece {
+  int64_t r, begin_block, subs;
+  RequestSets sets;
+  PieceTarget target;
+  bool skip;
+};
 
-// Copies the staged bf16 rows of heads head0 .. of query row `row` to out (rows past h_q were not staged).
-DSV4_SM90_DEVICE void store_out_rows(const SparseMlaDecodeParams& p, const uint8_t* staged, int64_t row,
-                                     int64_t head0) {
-  constexpr int kVectorsPerRow = kDim * 2 / 16;
-  const int64_t heads = p.h_q - head0 < kHeadsPerCta ? p.h_q - head0 : kHeadsPerCta;
-  for (int u = threadIdx.x; u < heads * kVectorsPerRow; u += kThreads) {
-    const int h = u / kVectorsPerRow, v = u % kVectorsPerRow;
-    *reinterpret_cast<uint4*>(p.out + (row * p.h_q + head0 + h) * kDim + v * 8) =
-        *reinterpret_cast<const uint4*>(staged + h * kOutPitch + v * 16);
+DSV4_SM90_DEVICE Piece piece_of(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t r) {
+  const int64_t first = meta[0], last = meta[1];
+  Piece c;
+  c.r = r;
+  c.sets = request_sets(p, r);
+  int64_t begin = r == first ? meta[2] : 0, end = r == last ? meta[3] : c.sets.blocks;
+  begin = begin < 0 ? 0 : begin;
+  end = end > c.sets.blocks ? c.sets.blocks : end;
+  c.begin_block = begin;
+  c.subs = end > begin ? (end - begin) * kSubsPerBlock : 0;
+  const int64_t piece_splits = p.sched.num_splits[r + 1] - p.sched.num_splits[r];
+  c.target = {p.sched.num_splits[r] + (r == first ? meta[4] : 0), piece_splits == 1};
+  c.skip = !c.target.single && (c.target.split_row < 0 || c.target.split_row >= p.b + p.sched.num_parts);
+  if (c.skip) c.subs = 0;
+  return c;
+}
+
+// Walks the sub-blocks of a partition's pieces in order (pieces without sub-blocks are passed over).
+struct SubCursor {
+  int64_t r, last, i;
+  Piece piece;
+  bool done;
+};
+
+DSV4_SM90_DEVICE void settle(const SparseMlaDecodeParams& p, const int32_t* meta, SubCursor& c) {
+  while (!c.done && c.i >= c.piece.subs) {
+    if (++c.r > c.last) {
+      c.done = true;
+      break;
+    }
+    c.piece = piece_of(p, meta, c.r), c.i = 0;
   }
 }
 
-// Finalises this thread's rows: o / sum and the natural-log lse; a single piece applies the sink and writes
-// out / lse (no valid entry: zeros and +inf), a split piece writes its fp32 partial (no valid entry: zeros, -inf).
-DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const PieceTarget& target, int64_t head0,
-                                  int row_group, int half, int lane, RowState& st, uint8_t* out_staging) {
-  if (target.single) __syncthreads();  // both warpgroups are done reading the K/V tile
+DSV4_SM90_DEVICE SubCursor first_sub(const SparseMlaDecodeParams& p, const int32_t* meta) {
+  SubCursor c;
+  const int64_t first = meta[0] < 0 ? 0 : meta[0];
+  c.last = meta[1] < p.b ? meta[1] : p.b - 1;
+  c.r = first, c.i = 0, c.done = first > c.last;
+  if (!c.done) c.piece = piece_of(p, meta, first);
+  settle(p, meta, c);
+  return c;
+}
 
+DSV4_SM90_DEVICE void next_sub(const SparseMlaDecodeParams& p, const int32_t* meta, SubCursor& c) {
+  ++c.i;
+  settle(p, meta, c);
+}
+
+// Index values travel ahead of the gathers through a shared-memory ring: when the gather of sub-block x is issued,
+// the index of entry e of sub-block x + kIndexLead is copied (cp.async, in the same group) into ring slot
+// (x + kIndexLead) % kIndexSlots with a flag byte saying which set it indexes; by the time that sub-block's gather
+// is issued its group has completed, so no producer thread ever waits on an index load.
+constexpr int kIndexLead = kRawStages - 1;
+static_assert(kIndexSlots > kIndexLead, "a slot is read before it is rewritten");
+constexpr uint8_t kFlagExtra = 1, kFlagWide = 2, kFlagNone = 0xff;
+
+DSV4_SM90_DEVICE void issue_index_copy(const SparseMlaDecodeParams& p, const SubCursor& c, int64_t s, int e,
+                                       uint8_t* index_slot, uint8_t* flag_slot) {
+  uint8_t flag = kFlagNone;
+  if (!c.done) {
+    const int64_t j = c.piece.begin_block + c.i / kSubsPerBlock;
+    const bool in_main = j < c.piece.sets.main_blocks;
+    const SparseIndexSet& set = in_main ? p.main : p.extra;
+    const int64_t column = (in_main ? j : j - c.piece.sets.main_blocks) * kEntriesPerBlock +
+                           int(c.i % kSubsPerBlock) * kSub + e;
+    if (column < (in_main ? c.piece.sets.main_length : c.piece.sets.extra_length)) {
+      const int64_t at = c.piece.r * set.stride_b + s * set.stride_s + column * set.stride_k;
+      const uint32_t dst = shared_address(index_slot + e * 8);
+      if (set.is_int64) {
+        cp_async_8(dst, static_cast<const int64_t*>(set.indices) + at);
+      } else {
+        cp_async_4(dst, static_cast<const int32_t*>(set.indices) + at);
+      }
+      flag = uint8_t((in_main ? 0 : kFlagExtra) | (set.is_int64 ? kFlagWide : 0));
+    }
+  }
+  flag_slot[e] = flag;
+}
+
+// Where the bytes of an entry are (nullptr: not attended: no index, negative or outside the cache).
+struct EntrySource {
+  const uint8_t* data;
+  const uint8_t* scales;
+};
+
+DSV4_SM90_DEVICE EntrySource entry_source(const SparseMlaDecodeParams& p, const uint8_t* index_slot,
+                                          const uint8_t* flag_slot, int e) {
+  const uint8_t flag = flag_slot[e];
+  if (flag == kFlagNone) return {nullptr, nullptr};
+  const int64_t slot = (flag & kFlagWide) ? *reinterpret_cast<const int64_t*>(index_slot + e * 8)
+                                          : *reinterpret_cast<const int32_t*>(index_slot + e * 8);
+  const PagedCache& cache = ((flag & kFlagExtra) ? p.extra : p.main).cache;
+  if (slot < 0 || slot >= cache.num_blocks * cache.block_size) return {nullptr, nullptr};
+  int64_t block;
+  if ((slot | cache.block_size) <= INT32_MAX) {  // 32-bit division: a fraction of the 64-bit one's cost
+    block = uint32_t(slot) / uint32_t(cache.block_size);
+  } else {
+    block = slot / cache.block_size;
+  }
+  const int64_t offset = slot - block * cache.block_size;
+  const uint8_t* page = cache.base + block * cache.block_stride;
+  return {page + offset * kEntryDataBytes, page + cache.block_size * kEntryDataBytes + offset * kEntryScaleBytes};
+}
+
+// Starts copying the raw bytes of one entry of a sub-block into a staging buffer (kThreadsPerEntry producer threads
+// per entry, 16-byte copies where the page allows); entry_ok[e] records validity. Always commits one cp.async
+// group (with the index copies issued alongside; empty when nothing is), so group counts stay uniform.
+DSV4_SM90_DEVICE void issue_sub_gather(const EntrySource& src, int e, int part, uint8_t* staging, uint8_t* entry_ok) {
+  const bool ok = src.data != nullptr;
+  if (part == 0) entry_ok[e] = ok;
+  if (ok) {
+    const uint32_t dst = shared_address(staging + e * kEntryDataBytes);
+    if (reinterpret_cast<uintptr_t>(src.data) % kVectorBytes == 0) {
+#pragma unroll
+      for (int k = 0; k < kItemsPerEntry / kThreadsPerEntry; ++k) {
+        const int piece = part + kThreadsPerEntry * k;
+        cp_async_16(dst + piece * kVectorBytes, src.data + piece * kVectorBytes);
+      }
+    } else {
+      for (int piece = part; piece < kDataPieces; piece += kThreadsPerEntry)
+        cp_async_8(dst + piece * kPieceBytes, src.data + piece * kPieceBytes);
+    }
+    if (part == kThreadsPerEntry - 1)
+      cp_async_8(shared_address(staging + kRawScaleOffset + e * kEntryScaleBytes), src.scales);
+  }
+}
+
+// Decodes this producer thread's share of a staged sub-block into a K/V tile: entry e, nope items part + 4k (scale
+// tile k) and RoPE chunks 2 part, 2 part + 1 (copied). Invalid entries become zero rows (0 * NaN would poison P V).
+// The tile's valid mask is written by lane 0 of each producer warp (8 entries per warp).
+DSV4_SM90_DEVICE void decode_sub(const uint8_t* staging, const uint8_t* entry_ok, uint8_t* tile, uint8_t* valid_bytes,
+                                 int e, int part) {
+  const bool ok = entry_ok[e] != 0;
+  const uint32_t mask = __ballot_sync(0xffffffffu, ok && part == 0);
+  if (threadIdx.x % 32 == 0) {
+    uint32_t bits = 0;  // lanes 0, 4, .. 28 hold entries 8w .. 8w + 7
+    for (int k = 0; k < 8; ++k) bits |= ((mask >> (4 * k)) & 1u) << k;
+    valid_bytes[(threadIdx.x - kConsumerThreads) / 32] = uint8_t(bits);
+  }
+  const uint8_t* raw = staging + e * kEntryDataBytes;
+#pragma unroll
+  for (int k = 0; k < kNopeItems / kThreadsPerEntry; ++k) {
+    const int item = part + kThreadsPerEntry * k;
+    uint4 first = make_uint4(0, 0, 0, 0), second = first;
+    if (ok) {
+      const uint4 codes = *reinterpret_cast<const uint4*>(raw + item * kVectorBytes);
+      decode_nope_16(codes, staging[kRawScaleOffset + e * kEntryScaleBytes + k], first, second);
+    }
+    *reinterpret_cast<uint4*>(tile + kv_offset(e, 2 * item)) = first;
+    *reinterpret_cast<uint4*>(tile + kv_offset(e, 2 * item + 1)) = second;
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int chunk = 2 * part + k;
+    const uint4 v = ok ? *reinterpret_cast<const uint4*>(raw + kNopeDim + chunk * kVectorBytes) : make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(tile + kv_offset(e, kNopeChunks + chunk)) = v;
+  }
+  fence_async_shared();
+}
+
+// Producer warpgroup. Step x issues the gather of sub-block x (and the index copies of sub-block x + kIndexLead);
+// step g + kRawStages - 1 runs once every producer is past decoding g - 1 (its stage is free); then wait for g's
+// bytes and for its tile to be empty, decode, hand the tile over.
+DSV4_SM90_DEVICE void produce(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t s, uint8_t* smem) {
+  uint8_t* kv_tiles = smem + kKvOffset;
+  uint8_t* raw = smem + kRawOffset;
+  uint8_t* entry_ok = smem + kEntryOkOffset;
+  uint8_t* valid = smem + kValidOffset;
+  uint8_t* index_ring = smem + kIndexOffset;
+  uint8_t* flag_ring = smem + kIndexFlagOffset;
+  const int pt = threadIdx.x - kConsumerThreads;
+  const int e = pt / kThreadsPerEntry, part = pt % kThreadsPerEntry;
+  int64_t total = 0;
+  for (SubCursor c = first_sub(p, meta); !c.done; c.i = c.piece.subs, settle(p, meta, c)) total += c.piece.subs;
+  SubCursor index_cursor = first_sub(p, meta);
+  auto copy_next_index = [&](int64_t x) {  // x: the sub-block index_cursor is at
+    const int slot = int(x % kIndexSlots);
+    if (part == 0) issue_index_copy(p, index_cursor, s, e, index_ring + slot * kSub * 8, flag_ring + slot * kSub);
+    next_sub(p, meta, index_cursor);
+  };
+  for (int x = 0; x < kIndexLead; ++x) copy_next_index(x);
+  cp_async_commit();
+  cp_async_wait_all();
+  named_sync(kBarProducers, kProducerThreads);
+  auto step = [&](int64_t x) {
+    const int slot = int(x % kIndexSlots), stage = int(x % kRawStages);
+    const EntrySource src = entry_source(p, index_ring + slot * kSub * 8, flag_ring + slot * kSub, e);
+    issue_sub_gather(src, e, part, raw + stage * kRawBytes, entry_ok + stage * kSub);
+    copy_next_index(x + kIndexLead);
+    cp_async_commit();
+  };
+  for (int x = 0; x < kRawStages - 1; ++x) step(x);
+  for (int64_t g = 0; g < total; ++g) {
+    cp_async_wait_group<kRawStages - 2>();  // sub-block g landed (this thread's copies)
+    named_sync(kBarProducers, kProducerThreads);  // everyone's copies of g landed; everyone is done with g - 1
+    step(g + kRawStages - 1);
+    const int tile = int(g % 2), stage = int(g % kRawStages);
+    if (g >= 2) named_sync(kBarEmpty + tile, kCtaThreads);
+    decode_sub(raw + stage * kRawBytes, entry_ok + stage * kSub, kv_tiles + tile * kKvTileBytes, valid + 4 * tile, e,
+               part);
+    named_arrive(kBarFull + tile, kCtaThreads);
+  }
+  for (int64_t g = total < 2 ? 0 : total - 2; g < total; ++g) named_sync(kBarEmpty + int(g % 2), kCtaThreads);
+  cp_async_wait_all();
+}
+
+// Finalises this thread's rows: o / sum and the natural-log lse; a single piece applies the sink and writes out /
+// lse (no valid entry: zeros and +inf), a split piece writes its fp32 partial (no valid entry: zeros, -inf).
+DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& piece, int64_t s, int64_t head0,
+                                  int row_group, int half, int lane, RowState& st) {
+  const PieceTarget& target = piece.target;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float sum = st.sum[r];
@@ -162,14 +412,14 @@ DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const PieceTar
     const float lse = any ? st.max[r] * kLn2 + logf(sum) : (target.single ? INFINITY : -INFINITY);
     float factor = any ? 1.0f / sum : 0.0f;
     if (target.single && any && p.attn_sink != nullptr) factor *= 1.0f / (1.0f + expf(p.attn_sink[head] - lse));
-    const int64_t row = (target.single ? target.r : target.split_row) * p.s_q + target.s;
+    const int64_t row = (target.single ? piece.r : target.split_row) * p.s_q + s;
     const int64_t dim0 = int64_t(kHalfDim) * half + 2 * (lane & 3);
     if (target.single) {
-      uint8_t* out = out_staging + (head - head0) * kOutPitch + dim0 * 2;
+      uint16_t* out = p.out + (row * p.h_q + head) * kDim + dim0;
 #pragma unroll
       for (int t = 0; t < kValueTiles; ++t)
-        *reinterpret_cast<uint32_t*>(out + 16 * t) = pack_bf16x2(st.o[t][2 * r] * factor, st.o[t][2 * r + 1] * factor);
-      if (half == 0 && (lane & 3) == 0) p.lse[(target.r * p.h_q + head) * p.s_q + target.s] = lse;
+        *reinterpret_cast<uint32_t*>(out + 8 * t) = pack_bf16x2(st.o[t][2 * r] * factor, st.o[t][2 * r + 1] * factor);
+      if (half == 0 && (lane & 3) == 0) p.lse[(piece.r * p.h_q + head) * p.s_q + s] = lse;
     } else {
       float* out = p.sched.o_accum + (row * p.h_q + head) * kDim + dim0;
 #pragma unroll
@@ -178,77 +428,99 @@ DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const PieceTar
       if (half == 0 && (lane & 3) == 0) p.sched.lse_accum[row * p.h_q + head] = lse;
     }
   }
-  if (target.single) {
-    __syncthreads();  // every row staged
-    store_out_rows(p, out_staging, target.r * p.s_q + target.s, head0);
+}
+
+// Loads the q rows of heads [head0, head0 + 64) of query (b, s) into the tile with the consumer threads (heads past
+// h_q are zero; 8 loads in flight per thread) and makes them visible to wgmma.
+DSV4_SM90_DEVICE uint4 load_q_chunk(const SparseMlaDecodeParams& p, const uint16_t* q, int64_t head, int chunk,
+                                   bool q_aligned) {
+  if (head >= p.h_q) return make_uint4(0, 0, 0, 0);
+  const uint16_t* src = q + head * p.q_stride_h + chunk * kChunkElems;
+  if (q_aligned) return __ldg(reinterpret_cast<const uint4*>(src));
+  uint16_t x[kChunkElems];
+  for (int i = 0; i < kChunkElems; ++i) x[i] = __ldg(src + i);
+  return make_uint4(x[0] | uint32_t(x[1]) << 16, x[2] | uint32_t(x[3]) << 16, x[4] | uint32_t(x[5]) << 16,
+                    x[6] | uint32_t(x[7]) << 16);
+}
+
+DSV4_SM90_DEVICE void consumer_load_q(const SparseMlaDecodeParams& p, int64_t b, int64_t s, int64_t head0,
+                                      bool q_aligned, uint8_t* tile) {
+  constexpr int kBatch = 8, kPerThread = kHeadsPerCta * kChunksPerRow / kConsumerThreads;
+  const uint16_t* q = p.q + b * p.q_stride_b + s * p.q_stride_s;
+#pragma unroll
+  for (int k0 = 0; k0 < kPerThread; k0 += kBatch) {
+    uint4 v[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int u = threadIdx.x + (k0 + k) * kConsumerThreads;
+      v[k] = load_q_chunk(p, q, head0 + u / kChunksPerRow, u % kChunksPerRow, q_aligned);
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int u = threadIdx.x + (k0 + k) * kConsumerThreads;
+      *reinterpret_cast<uint4*>(tile + tile_offset(u / kChunksPerRow, u % kChunksPerRow)) = v[k];
+    }
+  }
+  fence_async_shared();
+  named_sync(kBarConsumers, kConsumerThreads);
+}
+
+DSV4_SM90_DEVICE void consume(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t s, bool q_aligned,
+                              uint8_t* smem) {
+  uint8_t* q_tile = smem + kQOffset;
+  const uint32_t q_base = shared_address(q_tile), kv_base = shared_address(smem + kKvOffset);
+  const uint32_t* valid = reinterpret_cast<const uint32_t*>(smem + kValidOffset);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row_group = warp % kRowGroups, half = warp / kRowGroups;
+  const int64_t head0 = int64_t(blockIdx.x) * kHeadsPerCta;
+  const float scale_log2 = p.sm_scale * kLog2e;
+  const int64_t first = meta[0] < 0 ? 0 : meta[0], last = meta[1] < p.b ? meta[1] : p.b - 1;
+  int64_t g = 0;
+  for (int64_t r = first; r <= last; ++r) {
+    const Piece piece = piece_of(p, meta, r);
+    if (piece.skip) continue;
+    named_sync(kBarConsumers, kConsumerThreads);  // both consumers are done with the previous q
+    consumer_load_q(p, r, s, head0, q_aligned, q_tile);
+    RowState st;
+#pragma unroll
+    for (int t = 0; t < kValueTiles; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) st.o[t][i] = 0.0f;
+    st.max[0] = st.max[1] = -INFINITY;
+    st.sum[0] = st.sum[1] = 0.0f;
+    for (int64_t i = 0; i < piece.subs; ++i, ++g) {
+      const int tile = int(g % 2);
+      const uint32_t kv_tile = kv_base + tile * kKvTileBytes;
+      named_sync(kBarFull + tile, kCtaThreads);
+      float scores[kScoreTiles][4];
+      issue_scores(q_base, kv_tile, scores);
+      wgmma_wait_all();
+      uint32_t probs[kPvSteps][4];
+      softmax_sub(scores, valid[tile], scale_log2, lane, st, probs);
+      wgmma_fence();
+      slab_values(kv_tile, probs, half, st);
+      wgmma_commit();
+      wgmma_wait_all();
+      named_arrive(kBarEmpty + tile, kCtaThreads);
+    }
+    finish_rows(p, piece, s, head0, row_group, half, lane, st);
   }
 }
 
 // Grid (head groups, s_q, num_parts): CTA (x, s, z) attends heads [64x, 64x + 64) of query s of every request
-// piece in schedule partition z.
-__global__ void __launch_bounds__(kThreads, 1)
+// piece in schedule partition z. Threads 0-255 consume, 256-383 produce.
+__global__ void __launch_bounds__(kCtaThreads, 1)
     sparse_mla_decode_sm90_kernel(const SparseMlaDecodeParams p, bool q_aligned) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((kSwizzleAtomBytes - shared_address(smem_raw) % kSwizzleAtomBytes) % kSwizzleAtomBytes);
-  uint8_t* q_tile = smem + kQOffset;
-  uint8_t* kv_tile = smem + kKvOffset;
-  uint8_t* staging = smem + kStagingOffset;
-  uint8_t* entry_ok = smem + kEntryOkOffset;
-  uint8_t* valid = smem + kValidOffset;
-  const uint32_t q_base = shared_address(q_tile), kv_base = shared_address(kv_tile);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row_group = warp % kRowGroups, half = warp / kRowGroups;
-  const int64_t head0 = int64_t(blockIdx.x) * kHeadsPerCta, s = blockIdx.y;
-  const float scale_log2 = p.sm_scale * kLog2e;
   const int32_t* meta = p.sched.sched_meta + int64_t(blockIdx.z) * kDecodeSchedWords;
-  const int64_t first = meta[0], last = meta[1];
-  const int64_t split_rows = p.b + p.sched.num_parts;
-  for (int64_t r = first < 0 ? 0 : first; r <= last && r < p.b; ++r) {
-    const RequestSets sets = request_sets(p, r);
-    int64_t begin = r == first ? meta[2] : 0, end = r == last ? meta[3] : sets.blocks;
-    begin = begin < 0 ? 0 : begin;
-    end = end > sets.blocks ? sets.blocks : end;
-    const int64_t piece_splits = p.sched.num_splits[r + 1] - p.sched.num_splits[r];
-    const PieceTarget target{r, s, p.sched.num_splits[r] + (r == first ? meta[4] : 0), piece_splits == 1};
-    if (!target.single && (target.split_row < 0 || target.split_row >= split_rows)) continue;
-
-    cp_async_wait_all();  // a piece without blocks left its q copies in flight
-    __syncthreads();  // the previous piece is done with the q and K/V tiles
-    load_q_tile(p, r, s, head0, q_aligned, q_tile);
-    RowState st;
-    for (int t = 0; t < kValueTiles; ++t)
-      for (int i = 0; i < 4; ++i) st.o[t][i] = 0.0f;
-    st.max[0] = st.max[1] = -INFINITY;
-    st.sum[0] = st.sum[1] = 0.0f;
-    const int entry = threadIdx.x / kThreadsPerEntry;
-    for (int64_t j = begin; j < end && j < begin + kStages; ++j)
-      issue_block_gather(p, sets, j, block_index(p, sets, r, s, j, entry), staging + (j % kStages) * kStagingBytes,
-                         entry_ok + (j % kStages) * kEntriesPerBlock);
-    // Index values are loaded a block before their gather is issued, so the issue never waits on them.
-    int64_t next_index = begin + kStages < end ? block_index(p, sets, r, s, begin + kStages, entry) : -1;
-    for (int64_t j = begin; j < end; ++j) {
-      const int stage = int(j % kStages);
-      if (j + 1 < end)
-        cp_async_wait_one();  // block j (and the q tile) landed; block j + 1 may still be in flight
-      else
-        cp_async_wait_all();
-      __syncthreads();  // every warp is done with block j - 1's tile
-      decode_staged_block(staging + stage * kStagingBytes, entry_ok + stage * kEntriesPerBlock, kv_tile, valid);
-      __syncthreads();  // tile ready; this stage is free for block j + 2
-      if (j + kStages < end) {
-        issue_block_gather(p, sets, j + kStages, next_index, staging + stage * kStagingBytes,
-                           entry_ok + stage * kEntriesPerBlock);
-        if (j + kStages + 1 < end) next_index = block_index(p, sets, r, s, j + kStages + 1, entry);
-      }
-      float scores[kScoreTiles][4];
-      block_scores(q_base, kv_base, scores);
-      uint32_t probs[kPvSteps][4];
-      softmax_block(scores, valid, scale_log2, lane, st, probs);
-      accumulate_values(kv_base, probs, half, st);
-    }
-    finish_rows(p, target, head0, row_group, half, lane, st, kv_tile);
+  if (threadIdx.x >= kConsumerThreads) {
+    lower_registers<kProducerRegs>();
+    produce(p, meta, blockIdx.y, smem);
+  } else {
+    raise_registers<kConsumerRegs>();
+    consume(p, meta, blockIdx.y, q_aligned, smem);
   }
-  cp_async_wait_all();  // a last piece without blocks must not leave its q copies in flight at exit
 }
 
 constexpr int64_t kMaxGridYZ = 65535;
@@ -259,7 +531,6 @@ bool cache_is_aligned(const SparseIndexSet& set) {
   return (reinterpret_cast<uintptr_t>(set.cache.base) | uintptr_t(set.cache.block_stride)) % kPieceAlign == 0;
 }
 
-// What this kernel covers: MODEL1 (d_qk = d_v = 512), 8-byte aligned pages, grid dims within limits.
 bool covered(const SparseMlaDecodeParams& p) {
   return p.layout == KvLayout::model1 && p.d_qk == kDim && p.d_v == kDim && p.s_q <= kMaxGridYZ &&
          p.sched.num_parts >= 1 && p.sched.num_parts <= kMaxGridYZ && cache_is_aligned(p.main) &&
@@ -279,13 +550,13 @@ cudaError_t launch_sparse_mla_decode_sm90(const SparseMlaDecodeParams& p, cudaSt
     const cudaError_t planned = launch_decode_schedule(p, stream);
     if (planned != cudaSuccess) return planned;
   }
-  const cudaError_t attr =
-      cudaFuncSetAttribute(sparse_mla_decode_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  const cudaError_t attr = cudaFuncSetAttribute(sparse_mla_decode_sm90_kernel,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (attr != cudaSuccess) return attr;
   const uintptr_t q_bits = reinterpret_cast<uintptr_t>(p.q) | uintptr_t(p.q_stride_b * 2) |
                            uintptr_t(p.q_stride_s * 2) | uintptr_t(p.q_stride_h * 2);
   const dim3 grid(unsigned((p.h_q + kHeadsPerCta - 1) / kHeadsPerCta), unsigned(p.s_q), unsigned(p.sched.num_parts));
-  sparse_mla_decode_sm90_kernel<<<grid, kThreads, kSmemBytes, stream>>>(p, q_bits % kVectorAlign == 0);
+  sparse_mla_decode_sm90_kernel<<<grid, kCtaThreads, kSmemBytes, stream>>>(p, q_bits % kVectorAlign == 0);
   const cudaError_t launched = cudaGetLastError();
   if (launched != cudaSuccess) return launched;
   return launch_decode_combine(p, stream);

@@ -31,7 +31,6 @@ template <int kPending>
 DSV4_SM90_DEVICE void cp_async_wait_group() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
-DSV4_SM90_DEVICE void cp_async_wait_one() { cp_async_wait_group<1>(); }
 
 // Orders this thread's earlier shared-memory stores before later wgmma reads of them (after a barrier).
 DSV4_SM90_DEVICE void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
