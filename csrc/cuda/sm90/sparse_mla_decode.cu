@@ -1,11 +1,10 @@
 // Hopper tier of the MODEL1 sparse decode, warp-specialised: a CTA attends 64 heads of one query over its schedule
 // partition in sub-blocks of 32 entries. A producer warpgroup streams the entries' raw bytes into a ring of
 // kRawStages staging buffers by cp.async several sub-blocks ahead (across pieces; the indices travel further ahead
-// through a shared-memory ring, so no thread waits on an index load); two consumer warpgroups decode sub-block
-// i + 1 into one of two bf16 K/V tiles while the tensor cores run S = Q K^T of sub-block i, then the online softmax
-// and O += P V on wgmma. Stages are handed over with named barriers (landed / decoded, by sub-block parity). Both
-// consumers form the same full S (bit-identical, nothing to exchange); consumer h owns output dims 256h .. +256,
-// its warp w heads 16w .. +16.
+// through a shared-memory ring, so no thread waits on an index load) and decodes each sub-block into one of two
+// bf16 K/V tiles; two consumer warpgroups run S = Q K^T, the online softmax and O += P V on wgmma. Tiles are handed
+// over with named barriers (full / empty per tile). Both consumers form the same full S (bit-identical, nothing
+// to exchange); consumer h owns output dims 256h .. +256, its warp w heads 16w .. +16.
 #include <cmath>
 
 #include "common/decode_schedule.h"
@@ -19,14 +18,12 @@ namespace {
 
 constexpr int kSub = 32;  // entries per sub-block (half a schedule block)
 constexpr int kConsumerThreads = 256, kProducerThreads = 128, kCtaThreads = kConsumerThreads + kProducerThreads;
-constexpr int kThreadsPerEntry = kProducerThreads / kSub;  // producer threads per entry of a gather
-constexpr int kDecodersPerEntry = kConsumerThreads / kSub;  // consumer threads per entry of a decode
-constexpr int kConsumerRegs = 208, kProducerRegs = 88;  // setmaxnreg: 2 x 208 + 88 = 3 x 168 (launch budget)
+constexpr int kThreadsPerEntry = kProducerThreads / kSub;  // producer threads per entry of a sub-block
+constexpr int kConsumerRegs = 200, kProducerRegs = 104;  // setmaxnreg: 2 x 200 + 104 = 3 x 168 (launch budget)
 static_assert(kConsumerThreads * kConsumerRegs + kProducerThreads * kProducerRegs <= kCtaThreads * 168,
               "setmaxnreg.inc waits for registers the producers released: never more than the CTA holds");
-// Named barriers (0 is __syncthreads), by sub-block parity q: bytes landed = 1 + q, stage decoded = 3 + q; producers
-// only; consumers only.
-constexpr int kBarLanded = 1, kBarDecoded = 3, kBarProducers = 5, kBarConsumers = 6;
+// Named barriers (0 is __syncthreads): tile t full = 1 + t, tile t empty = 3 + t, producers only, consumers only.
+constexpr int kBarFull = 1, kBarEmpty = 3, kBarProducers = 5, kBarConsumers = 6;
 constexpr int kSubsPerBlock = kEntriesPerBlock / kSub;
 constexpr int kRawStages = 5;
 constexpr int kRowGroups = kHeadsPerCta / 16;
@@ -53,9 +50,9 @@ constexpr int kQOffset = 0;
 constexpr int kKvOffset = kQOffset + kTileBytes;
 constexpr int kRawOffset = kKvOffset + 2 * kKvTileBytes;
 constexpr int kEntryOkOffset = kRawOffset + kRawStages * kRawBytes;
-constexpr int kValidOffset = kEntryOkOffset + kRawStages * kSub;  // a valid byte per entry of each tile
+constexpr int kValidOffset = kEntryOkOffset + kRawStages * kSub;  // a 32-bit valid-entry mask per tile
 constexpr int kIndexSlots = 8;  // ring of sub-blocks' index values (8 bytes per entry) and their set flags
-constexpr int kIndexOffset = (kValidOffset + 2 * kSub + 15) / 16 * 16;
+constexpr int kIndexOffset = kValidOffset + 2 * 4 + 8;  // 16-byte aligned
 constexpr int kIndexFlagOffset = kIndexOffset + kIndexSlots * kSub * 8;
 constexpr int kSmemBytes = kIndexFlagOffset + kIndexSlots * kSub + kSwizzleAtomBytes;  // + alignment slack
 static_assert(kSmemBytes <= 227 * 1024, "fits the opt-in shared memory of one CTA");
@@ -320,50 +317,53 @@ DSV4_SM90_DEVICE void issue_sub_gather(const EntrySource& src, int e, int part, 
   }
 }
 
-// Decodes this consumer thread's share of a staged sub-block into a K/V tile: entry e, 16-byte items part + 8k
-// (nope codes of scale tile item / 4, then RoPE chunks copied). Invalid entries become zero rows (0 * NaN would
-// poison P V) with valid[e] = 0. Ends with the async-proxy fence (the tile is read by wgmma after a barrier).
-DSV4_SM90_DEVICE void decode_sub(const uint8_t* staging, const uint8_t* entry_ok, uint8_t* tile, uint8_t* valid) {
-  const int e = threadIdx.x / kDecodersPerEntry, part = threadIdx.x % kDecodersPerEntry;
+// Decodes this producer thread's share of a staged sub-block into a K/V tile: entry e, nope items part + 4k (scale
+// tile k) and RoPE chunks 2 part, 2 part + 1 (copied). Invalid entries become zero rows (0 * NaN would poison P V).
+// The tile's valid mask is written by lane 0 of each producer warp (8 entries per warp).
+DSV4_SM90_DEVICE void decode_sub(const uint8_t* staging, const uint8_t* entry_ok, uint8_t* tile, uint8_t* valid_bytes,
+                                 int e, int part) {
   const bool ok = entry_ok[e] != 0;
-  if (part == 0) valid[e] = ok;
+  const uint32_t mask = __ballot_sync(0xffffffffu, ok && part == 0);
+  if (threadIdx.x % 32 == 0) {
+    uint32_t bits = 0;  // lanes 0, 4, .. 28 hold entries 8w .. 8w + 7
+    for (int k = 0; k < 8; ++k) bits |= ((mask >> (4 * k)) & 1u) << k;
+    valid_bytes[(threadIdx.x - kConsumerThreads) / 32] = uint8_t(bits);
+  }
   const uint8_t* raw = staging + e * kEntryDataBytes;
-  const uint8_t* scales = staging + kRawScaleOffset + e * kEntryScaleBytes;
 #pragma unroll
-  for (int k = 0; k < (kItemsPerEntry + kDecodersPerEntry - 1) / kDecodersPerEntry; ++k) {
-    const int item = part + kDecodersPerEntry * k;
-    if (item >= kItemsPerEntry) break;
-    const uint4 codes = ok ? *reinterpret_cast<const uint4*>(raw + item * kVectorBytes) : make_uint4(0, 0, 0, 0);
-    if (item < kNopeItems) {
-      uint4 first = make_uint4(0, 0, 0, 0), second = first;
-      if (ok) decode_nope_16(codes, scales[item * kVectorBytes / kNopeTile], first, second);
-      const bool swap = (item / 4) % 2 != 0;  // neighbouring entries' items spread over all 8 bank groups
-      *reinterpret_cast<uint4*>(tile + kv_offset(e, 2 * item + swap)) = swap ? second : first;
-      *reinterpret_cast<uint4*>(tile + kv_offset(e, 2 * item + !swap)) = swap ? first : second;
-    } else {
-      *reinterpret_cast<uint4*>(tile + kv_offset(e, kNopeChunks + item - kNopeItems)) = codes;
+  for (int k = 0; k < kNopeItems / kThreadsPerEntry; ++k) {
+    const int item = part + kThreadsPerEntry * k;
+    uint4 first = make_uint4(0, 0, 0, 0), second = first;
+    if (ok) {
+      const uint4 codes = *reinterpret_cast<const uint4*>(raw + item * kVectorBytes);
+      decode_nope_16(codes, staging[kRawScaleOffset + e * kEntryScaleBytes + k], first, second);
     }
+    *reinterpret_cast<uint4*>(tile + kv_offset(e, 2 * item)) = first;
+    *reinterpret_cast<uint4*>(tile + kv_offset(e, 2 * item + 1)) = second;
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int chunk = 2 * part + k;
+    const uint4 v = ok ? *reinterpret_cast<const uint4*>(raw + kNopeDim + chunk * kVectorBytes) : make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(tile + kv_offset(e, kNopeChunks + chunk)) = v;
   }
   fence_async_shared();
 }
 
-// Producer warpgroup: gathers only. Step x issues the gather of sub-block x into stage x % kRawStages (and the
-// index copies of sub-block x + kIndexLead). Iteration y: wait for y's bytes, wait until the consumers decoded y - 2
-// (its stage is then free), announce y, refill y - 2's stage with sub-block y + kRawStages - 2.
-DSV4_SM90_DEVICE int64_t count_subs(const SparseMlaDecodeParams& p, const int32_t* meta) {
-  int64_t total = 0;
-  for (SubCursor c = first_sub(p, meta); !c.done; c.i = c.piece.subs, settle(p, meta, c)) total += c.piece.subs;
-  return total;
-}
-
+// Producer warpgroup. Step x issues the gather of sub-block x (and the index copies of sub-block x + kIndexLead);
+// step g + kRawStages - 1 runs once every producer is past decoding g - 1 (its stage is free); then wait for g's
+// bytes and for its tile to be empty, decode, hand the tile over.
 DSV4_SM90_DEVICE void produce(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t s, uint8_t* smem) {
+  uint8_t* kv_tiles = smem + kKvOffset;
   uint8_t* raw = smem + kRawOffset;
   uint8_t* entry_ok = smem + kEntryOkOffset;
+  uint8_t* valid = smem + kValidOffset;
   uint8_t* index_ring = smem + kIndexOffset;
   uint8_t* flag_ring = smem + kIndexFlagOffset;
   const int pt = threadIdx.x - kConsumerThreads;
   const int e = pt / kThreadsPerEntry, part = pt % kThreadsPerEntry;
-  const int64_t total = count_subs(p, meta);
+  int64_t total = 0;
+  for (SubCursor c = first_sub(p, meta); !c.done; c.i = c.piece.subs, settle(p, meta, c)) total += c.piece.subs;
   SubCursor index_cursor = first_sub(p, meta);
   auto copy_next_index = [&](int64_t x) {  // x: the sub-block index_cursor is at
     const int slot = int(x % kIndexSlots);
@@ -381,15 +381,18 @@ DSV4_SM90_DEVICE void produce(const SparseMlaDecodeParams& p, const int32_t* met
     copy_next_index(x + kIndexLead);
     cp_async_commit();
   };
-  for (int x = 0; x < kRawStages - 2; ++x) step(x);
-  for (int64_t y = 0; y < total; ++y) {
-    cp_async_wait_group<kRawStages - 3>();  // sub-block y landed (this thread's copies)
-    named_sync(kBarProducers, kProducerThreads);  // everyone's copies of y landed
-    if (y >= 2) named_sync(kBarDecoded + int(y % 2), kCtaThreads);  // y - 2 decoded: its stage is free
-    named_arrive(kBarLanded + int(y % 2), kCtaThreads);
-    step(y + kRawStages - 2);
+  for (int x = 0; x < kRawStages - 1; ++x) step(x);
+  for (int64_t g = 0; g < total; ++g) {
+    cp_async_wait_group<kRawStages - 2>();  // sub-block g landed (this thread's copies)
+    named_sync(kBarProducers, kProducerThreads);  // everyone's copies of g landed; everyone is done with g - 1
+    step(g + kRawStages - 1);
+    const int tile = int(g % 2), stage = int(g % kRawStages);
+    if (g >= 2) named_sync(kBarEmpty + tile, kCtaThreads);
+    decode_sub(raw + stage * kRawBytes, entry_ok + stage * kSub, kv_tiles + tile * kKvTileBytes, valid + 4 * tile, e,
+               part);
+    named_arrive(kBarFull + tile, kCtaThreads);
   }
-  for (int64_t y = total < 2 ? 0 : total - 2; y < total; ++y) named_sync(kBarDecoded + int(y % 2), kCtaThreads);
+  for (int64_t g = total < 2 ? 0 : total - 2; g < total; ++g) named_sync(kBarEmpty + int(g % 2), kCtaThreads);
   cp_async_wait_all();
 }
 
@@ -462,40 +465,16 @@ DSV4_SM90_DEVICE void consumer_load_q(const SparseMlaDecodeParams& p, int64_t b,
   named_sync(kBarConsumers, kConsumerThreads);
 }
 
-// The 32 valid bytes of a tile as a bit mask (bit e: entry e attended).
-DSV4_SM90_DEVICE uint32_t valid_mask(const uint8_t* bytes) {
-  const uint32_t* words = reinterpret_cast<const uint32_t*>(bytes);
-  uint32_t mask = 0;
-#pragma unroll
-  for (int k = 0; k < kSub / 4; ++k) mask |= (((words[k] & 0x01010101u) * 0x01020408u) >> 24) << (4 * k);
-  return mask;
-}
-
 DSV4_SM90_DEVICE void consume(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t s, bool q_aligned,
                               uint8_t* smem) {
   uint8_t* q_tile = smem + kQOffset;
   const uint32_t q_base = shared_address(q_tile), kv_base = shared_address(smem + kKvOffset);
-  uint8_t* kv_tiles = smem + kKvOffset;
-  const uint8_t* raw = smem + kRawOffset;
-  const uint8_t* entry_ok = smem + kEntryOkOffset;
-  uint8_t* valid = smem + kValidOffset;
+  const uint32_t* valid = reinterpret_cast<const uint32_t*>(smem + kValidOffset);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row_group = warp % kRowGroups, half = warp / kRowGroups;
   const int64_t head0 = int64_t(blockIdx.x) * kHeadsPerCta;
   const float scale_log2 = p.sm_scale * kLog2e;
   const int64_t first = meta[0] < 0 ? 0 : meta[0], last = meta[1] < p.b ? meta[1] : p.b - 1;
-  const int64_t total = count_subs(p, meta);
-  // Decodes sub-block x into its tile once its bytes landed (the caller's next consumers barrier publishes it).
-  auto decode_next = [&](int64_t x) {
-    named_sync(kBarLanded + int(x % 2), kCtaThreads);
-    const int stage = int(x % kRawStages), tile = int(x % 2);
-    decode_sub(raw + stage * kRawBytes, entry_ok + stage * kSub, kv_tiles + tile * kKvTileBytes, valid + tile * kSub);
-  };
-  if (total > 0) {
-    decode_next(0);
-    named_sync(kBarConsumers, kConsumerThreads);
-    named_arrive(kBarDecoded, kCtaThreads);
-  }
   int64_t g = 0;
   for (int64_t r = first; r <= last; ++r) {
     const Piece piece = piece_of(p, meta, r);
@@ -512,18 +491,17 @@ DSV4_SM90_DEVICE void consume(const SparseMlaDecodeParams& p, const int32_t* met
     for (int64_t i = 0; i < piece.subs; ++i, ++g) {
       const int tile = int(g % 2);
       const uint32_t kv_tile = kv_base + tile * kKvTileBytes;
+      named_sync(kBarFull + tile, kCtaThreads);
       float scores[kScoreTiles][4];
       issue_scores(q_base, kv_tile, scores);
-      if (g + 1 < total) decode_next(g + 1);  // on the CUDA cores while the tensor cores run S
       wgmma_wait_all();
       uint32_t probs[kPvSteps][4];
-      softmax_sub(scores, valid_mask(valid + tile * kSub), scale_log2, lane, st, probs);
+      softmax_sub(scores, valid[tile], scale_log2, lane, st, probs);
       wgmma_fence();
       slab_values(kv_tile, probs, half, st);
       wgmma_commit();
       wgmma_wait_all();
-      named_sync(kBarConsumers, kConsumerThreads);  // this tile is free; the next one is decoded (and fenced)
-      if (g + 1 < total) named_arrive(kBarDecoded + int((g + 1) % 2), kCtaThreads);
+      named_arrive(kBarEmpty + tile, kCtaThreads);
     }
     finish_rows(p, piece, s, head0, row_group, half, lane, st);
   }
