@@ -50,3 +50,8 @@ run_logged "$build/sm90.log" cmake --build "$build" --parallel "$jobs" --target 
   fail "Hopper tier (sm_90a) does not compile"
 grep -i "warning" "$build/sm90.log" | grep -v "ptxas info" >&2 || true
 "$python" "$repo_root/scripts/ptxas_report.py" "$build/sm90.log" --arch sm_90a || fail "a Hopper kernel spills"
+
+# The torch-free decode harness (tools/decode_bench.cu) links against both tiers' decode kernels: keep it building.
+PATH="$(dirname "$nvcc"):$PATH" DECODE_BENCH_BUILD_ONLY=1 "$repo_root/scripts/decode_bench.sh" > "$build/decode_bench.log" 2>&1 ||
+  { cat "$build/decode_bench.log" >&2; fail "the decode harness (tools/decode_bench.cu) does not build"; }
+echo "cuda_compile_check: decode harness builds"
