@@ -26,6 +26,7 @@ L2_FLUSH_BYTES = 256 << 20  # several times the 60 MB L2
 KV_SPREAD = 0.3
 FLASH = (64, 512)  # heads, compressed top-k (DeepSeek-V4-Flash C4A)
 PRO = (128, 1024)  # DeepSeek-V4-Pro C4A
+TP_LOCAL_HEADS = 16  # V4-Flash heads per GPU under tensor parallelism over 4 GPUs
 PAGE = 64
 INDEXER_HEADS, INDEXER_DIM = 64, 128
 
@@ -153,6 +154,7 @@ def cases(quick: bool) -> list[GpuCase]:
     return [
         *(decode_case(b, *FLASH, "V4-Flash") for b in batches),
         *(decode_case(b, *PRO, "V4-Pro") for b in pro_batches),
+        *(decode_case(b, TP_LOCAL_HEADS, FLASH[1], "V4-Flash TP4") for b in ((128,) if quick else (128, 512))),
         prefill_case(512 if quick else 4096, FLASH[0], SLIDING_WINDOW + FLASH[1]),
         prefill_case(512 if quick else 4096, PRO[0], SLIDING_WINDOW + PRO[1]),
         *(logits_case(b, 1 << 16) for b in ((1, 64) if quick else (1, 8, 32, 64, 128))),
