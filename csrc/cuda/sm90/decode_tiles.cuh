@@ -4,7 +4,6 @@
 #include <cstdint>
 
 #include "common/decode_schedule.h"
-#include "common/indices.h"
 #include "common/params.h"
 #include "cuda/sm90/warp_mma.cuh"
 
@@ -17,7 +16,7 @@ constexpr int kChunkElems = 8;  // bf16 per 16-byte swizzle chunk
 constexpr int kChunksPerRow = kDim / kChunkElems;
 constexpr int kTileBytes = kHeadsPerCta * kDim * 2;  // 64 rows of 512 bf16; the K tile has the same shape
 
-constexpr int kNopeDim = 448, kNopeTile = 64;
+constexpr int kNopeDim = 448;
 constexpr int kEntryDataBytes = 576, kEntryScaleBytes = 8;
 constexpr int kVectorBytes = 16;
 constexpr int kPieceBytes = 8;  // gather granularity of pages that are only 8-byte aligned
@@ -42,17 +41,6 @@ DSV4_SM90_DEVICE RequestSets request_sets(const SparseMlaDecodeParams& p, int64_
   const int64_t main_length = set_length(p.main, r), extra_length = set_length(p.extra, r);
   const int64_t mb = main_blocks(p, r);
   return {main_length, extra_length, mb, mb + (extra_length + kEntriesPerBlock - 1) / kEntriesPerBlock};
-}
-
-// Index value of entry e of block j of query (r, s), or -1 past the set's length.
-DSV4_SM90_DEVICE int64_t block_index(const SparseMlaDecodeParams& p, const RequestSets& sets, int64_t r, int64_t s,
-                                     int64_t j, int e) {
-  const bool in_main = j < sets.main_blocks;
-  const SparseIndexSet& set = in_main ? p.main : p.extra;
-  const int64_t column = (in_main ? j : j - sets.main_blocks) * kEntriesPerBlock + e;
-  if (column >= (in_main ? sets.main_length : sets.extra_length)) return -1;
-  const int64_t at = r * set.stride_b + s * set.stride_s + column * set.stride_k;
-  return load_index(set.indices, set.is_int64, at);
 }
 
 // Four e4m3 codes -> two bf16x2 words holding code * 2^-120 exactly (sign to bit 15, exponent and mantissa to

@@ -69,19 +69,6 @@ struct RowState {
   float sum[2];
 };
 
-// d (64 x 32) += A (64 x 16, K-major smem) * B (16 x 32 given as 32 x 16 K-major smem).
-DSV4_SM90_DEVICE void wgmma_64x32x16_ss(float (&d)[kScoreTiles][4], uint64_t a, uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-      " %16, %17, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-      : "l"(a), "l"(b), "r"(1));
-}
-
 // Issues S = Q K^T of one sub-block (asynchronous; finish with wgmma_wait_all). The k16 step inside a 128-byte
 // row moves the start address by 32 bytes.
 DSV4_SM90_DEVICE void issue_scores(uint32_t q_base, uint32_t kv_base, float (&s)[kScoreTiles][4]) {

@@ -1,4 +1,4 @@
-// Warpgroup MMA (wgmma, sm_90a) of the Hopper tier: 64 x 64 x 16 bf16 products with fp32 accumulators in the
+// Warpgroup MMA (wgmma, sm_90a) of the Hopper tier: 64 x N x 16 bf16 products with fp32 accumulators in the
 // mma.sync C layout per warp (warp w of the warpgroup holds rows 16w .. 16w + 15; n8 tile t in d[t]), operands in
 // 128-byte-swizzled shared tiles described by matrix descriptors.
 #pragma once
@@ -23,20 +23,16 @@ DSV4_SM90_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n"
 DSV4_SM90_DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 DSV4_SM90_DEVICE void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 
-// d += A (64 x 16, K-major smem) * B (16 x 64 given as 64 x 16 K-major smem).
-DSV4_SM90_DEVICE void wgmma_64x64x16_ss(float (&d)[8][4], uint64_t a, uint64_t b) {
+// d (64 x 32) += A (64 x 16, K-major smem) * B (16 x 32 given as 32 x 16 K-major smem).
+DSV4_SM90_DEVICE void wgmma_64x32x16_ss(float (&d)[4][4], uint64_t a, uint64_t b) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
-      "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      " %32, %33, p, 1, 1, 0, 0;\n}\n"
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      " %16, %17, p, 1, 1, 0, 0;\n}\n"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
         "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-        "+f"(d[7][2]), "+f"(d[7][3])
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
       : "l"(a), "l"(b), "r"(1));
 }
 
