@@ -9,6 +9,7 @@
 
 #include "common/decode_schedule.h"
 #include "cuda/launchers.h"
+#include "cuda/portable/sparse_mla_common.cuh"
 #include "cuda/sm90/decode_tiles.cuh"
 #include "cuda/sm90/warp_mma.cuh"
 #include "cuda/sm90/wgmma.cuh"
@@ -383,8 +384,8 @@ DSV4_SM90_DEVICE void produce(const SparseMlaDecodeParams& p, const int32_t* met
   cp_async_wait_all();
 }
 
-// Finalises this thread's rows: o / sum and the natural-log lse; a single piece applies the sink and writes out /
-// lse (no valid entry: zeros and +inf), a split piece writes its fp32 partial (no valid entry: zeros, -inf).
+// Finalises this thread's rows with the portable tier's row finishers (one definition of the lse, sink and
+// no-valid-entry conventions): a single piece writes out / lse, a split piece its fp32 partial and lse.
 DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& piece, int64_t s, int64_t head0,
                                   int row_group, int half, int lane, RowState& st) {
   const PieceTarget& target = piece.target;
@@ -395,24 +396,26 @@ DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& p
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     const int64_t head = head0 + 16 * row_group + (lane >> 2) + 8 * r;
     if (head >= p.h_q) continue;
-    const bool any = sum > 0.0f;
-    const float lse = any ? st.max[r] * kLn2 + logf(sum) : (target.single ? INFINITY : -INFINITY);
-    float factor = any ? 1.0f / sum : 0.0f;
-    if (target.single && any && p.attn_sink != nullptr) factor *= 1.0f / (1.0f + expf(p.attn_sink[head] - lse));
-    const int64_t row = (target.single ? piece.r : target.split_row) * p.s_q + s;
+    const float max = st.max[r] * kLn2;  // the running max is kept in the log2 domain
+    const mla::RowFinish f =
+        target.single ? mla::finish_output_row(max, sum, p.attn_sink, head) : mla::finish_partial_row(max, sum);
     const int64_t dim0 = int64_t(kHalfDim) * half + 2 * (lane & 3);
+    const bool writes_lse = half == 0 && (lane & 3) == 0;
     if (target.single) {
-      uint16_t* out = p.out + (row * p.h_q + head) * kDim + dim0;
+      uint16_t* out = p.out + ((piece.r * p.s_q + s) * p.h_q + head) * kDim + dim0;
 #pragma unroll
       for (int t = 0; t < kValueTiles; ++t)
-        *reinterpret_cast<uint32_t*>(out + 8 * t) = pack_bf16x2(st.o[t][2 * r] * factor, st.o[t][2 * r + 1] * factor);
-      if (half == 0 && (lane & 3) == 0) p.lse[(piece.r * p.h_q + head) * p.s_q + s] = lse;
+        *reinterpret_cast<uint32_t*>(out + 8 * t) =
+            pack_bf16x2(st.o[t][2 * r] * f.out_scale, st.o[t][2 * r + 1] * f.out_scale);
+      if (writes_lse) p.lse[(piece.r * p.h_q + head) * p.s_q + s] = f.lse;
     } else {
-      float* out = p.sched.o_accum + (row * p.h_q + head) * kDim + dim0;
+      const int64_t row = mla::accum_row(p, target.split_row, s, head);
+      float* out = p.sched.o_accum + row * kDim + dim0;
 #pragma unroll
       for (int t = 0; t < kValueTiles; ++t)
-        *reinterpret_cast<float2*>(out + 8 * t) = make_float2(st.o[t][2 * r] * factor, st.o[t][2 * r + 1] * factor);
-      if (half == 0 && (lane & 3) == 0) p.sched.lse_accum[row * p.h_q + head] = lse;
+        *reinterpret_cast<float2*>(out + 8 * t) =
+            make_float2(st.o[t][2 * r] * f.out_scale, st.o[t][2 * r + 1] * f.out_scale);
+      if (writes_lse) p.sched.lse_accum[row] = f.lse;
     }
   }
 }
