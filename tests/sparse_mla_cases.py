@@ -28,6 +28,7 @@ PAD_BYTES = 64  # page stride beyond the page: the kernels must honour stride(0)
 OUT_TOL = 1e-2  # bf16 output, atol and rtol (FlashMLA's and SGLang's tolerance)
 LSE_TOL = 5e-3  # lse and max_logits on finite entries, atol and rtol
 INVALID_FRACTION = 0.2  # entries replaced by -1, a negative id or an id past the cache
+SPLIT_THREADS = (1, 2, 3, 8)  # intra-op thread counts: a single query's entries split 1, 2, 3 and 8 ways
 D_V = attention.HEAD_DIM_V
 
 

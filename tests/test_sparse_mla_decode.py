@@ -29,6 +29,7 @@ from dsv4.reference import quant
 from sparse_mla_cases import (
     D_V,
     DEFAULT_DECODE_CASES,
+    SPLIT_THREADS,
     WRITERS,
     DecodeCase,
     assert_attention_close,
@@ -38,8 +39,6 @@ from sparse_mla_cases import (
     reference_decode,
     require_full_grid,
 )
-
-SPLIT_THREADS = (1, 2, 3, 8)  # intra-op thread counts: a single query's entries split 1, 2, 3 and 8 ways
 
 
 def check_decode(args: dict) -> tuple[torch.Tensor, torch.Tensor]:

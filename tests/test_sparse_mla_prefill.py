@@ -14,6 +14,7 @@ from dsv4.constants import MODEL1_HEAD_DIM, V32_HEAD_DIM
 from sparse_mla_cases import (
     D_V,
     DEFAULT_PREFILL_CASES,
+    SPLIT_THREADS,
     PrefillCase,
     assert_attention_close,
     prefill_grid,
@@ -21,8 +22,6 @@ from sparse_mla_cases import (
     reference_prefill,
     require_full_grid,
 )
-
-SPLIT_THREADS = (1, 2, 3, 8)
 
 
 def check_prefill(args: dict):
