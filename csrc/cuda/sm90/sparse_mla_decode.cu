@@ -1,10 +1,11 @@
 // Hopper tier of the MODEL1 sparse decode, warp-specialised: a CTA attends 64 heads of one query over its schedule
-// partition in sub-blocks of 32 entries. A producer warpgroup streams the entries' raw bytes into a ring of
-// kRawStages staging buffers by cp.async several sub-blocks ahead (across pieces; the indices travel further ahead
-// through a shared-memory ring, so no thread waits on an index load) and decodes each sub-block into one of two
-// bf16 K/V tiles; two consumer warpgroups run S = Q K^T, the online softmax and O += P V on wgmma. Tiles are handed
-// over with named barriers (full / empty per tile). Both consumers form the same full S (bit-identical, nothing
-// to exchange); consumer h owns output dims 256h .. +256, its warp w heads 16w .. +16.
+// partition in sub-blocks of 32 entries, with one job per warpgroup. The scorer (warpgroup 0) runs S = Q K^T, the
+// online softmax and O += P V for output dims 0-255 on wgmma, and hands P and the row rescale factors to the valuer
+// (warpgroup 1) through shared memory; the valuer runs O += P V for dims 256-511 and also streams the entries' raw
+// bytes into a ring of kRawStages staging buffers by cp.async several sub-blocks ahead (the indices travel further
+// ahead through a shared-memory ring, so no thread waits on an index load); two decoders (warpgroups 2 and 3, one
+// per K/V tile, alternate sub-blocks) turn staged sub-blocks into bf16 tiles. Tiles and P are handed over with
+// named barriers, staging buffers with mbarriers (the gathers' cp.async completion arrives on them).
 #include <cmath>
 
 #include "common/decode_schedule.h"
@@ -18,16 +19,19 @@ namespace dsv4::cuda::sm90 {
 namespace {
 
 constexpr int kSub = 32;  // entries per sub-block (half a schedule block)
-constexpr int kConsumerThreads = 256, kProducerThreads = 128, kCtaThreads = kConsumerThreads + kProducerThreads;
-constexpr int kThreadsPerEntry = kProducerThreads / kSub;  // producer threads per entry of a sub-block
-constexpr int kConsumerRegs = 200, kProducerRegs = 104;  // setmaxnreg: 2 x 200 + 104 = 3 x 168 (launch budget)
-static_assert(kConsumerThreads * kConsumerRegs + kProducerThreads * kProducerRegs <= kCtaThreads * 168,
-              "setmaxnreg.inc waits for registers the producers released: never more than the CTA holds");
-// Named barriers (0 is __syncthreads): tile t full = 1 + t, tile t empty = 3 + t, producers only, consumers only.
-constexpr int kBarFull = 1, kBarEmpty = 3, kBarProducers = 5, kBarConsumers = 6;
+constexpr int kGroupThreads = 128, kCtaThreads = 4 * kGroupThreads;
+constexpr int kThreadsPerEntry = kGroupThreads / kSub;  // threads per entry when a warpgroup gathers or decodes
+constexpr int kScorer = 0, kDecoder = 2;  // warpgroup 0 scores, 1 values and gathers, 2 and 3 decode (alternate subs)
+constexpr int kScorerRegs = 200, kValuerRegs = 168, kDecoderRegs = 72;  // setmaxnreg: 200 + 168 + 2 x 72 = 4 x 128
+static_assert(kScorerRegs + kValuerRegs + 2 * kDecoderRegs <= 4 * 128,
+              "setmaxnreg.inc waits for registers the decoders released: never more than the CTA holds");
+// Named barriers (0 is __syncthreads): tile t full = 1 + t (decoder -> scorer), tile t empty = 3 + t (scorer and
+// valuer -> decoder), P of tile t ready = 5 + t (scorer -> valuer), the scorer's own.
+constexpr int kBarFull = 1, kBarEmpty = 3, kBarProbs = 5, kBarScorer = 7;
+constexpr int kFullThreads = 2 * kGroupThreads, kEmptyThreads = 3 * kGroupThreads, kProbsThreads = 2 * kGroupThreads;
 constexpr int kSubsPerBlock = kEntriesPerBlock / kSub;
-constexpr int kRawStages = 5;
-constexpr int kRowGroups = kHeadsPerCta / 16;
+constexpr int kRawStages = 4;
+constexpr int kGatherLead = kRawStages - 1;  // sub-blocks gathered ahead of the one the scorer works on
 constexpr int kHalfDim = kDim / 2;
 constexpr int kScoreTiles = kSub / 8;  // n8 tiles of S per warp
 constexpr int kValueTiles = kHalfDim / 8;  // n8 tiles of O per warp
@@ -55,7 +59,13 @@ constexpr int kValidOffset = kEntryOkOffset + kRawStages * kSub;  // a 32-bit va
 constexpr int kIndexSlots = 8;  // ring of sub-blocks' index values (8 bytes per entry) and their set flags
 constexpr int kIndexOffset = kValidOffset + 2 * 4 + 8;  // 16-byte aligned
 constexpr int kIndexFlagOffset = kIndexOffset + kIndexSlots * kSub * 8;
-constexpr int kSmemBytes = kIndexFlagOffset + kIndexSlots * kSub + kSwizzleAtomBytes;  // + alignment slack
+// P handover, per tile: this thread's P fragments (two 16-byte words), then (alpha0, alpha1, max0, max1), then
+// (sum0, sum1), each field thread-major so that the stores and loads are conflict-free.
+constexpr int kProbsOffset = kIndexFlagOffset + kIndexSlots * kSub;
+constexpr int kProbsSlotBytes = kGroupThreads * (16 + 16 + 16 + 8);
+constexpr int kMbarOffset = kProbsOffset + 2 * kProbsSlotBytes;  // raw stage s full at + 8 s, free at + 8 (S + s)
+constexpr int kSmemBytes = kMbarOffset + 2 * kRawStages * 8 + kSwizzleAtomBytes;  // + alignment slack
+static_assert(kProbsOffset % 16 == 0 && kMbarOffset % 8 == 0, "aligned handover and barriers");
 static_assert(kSmemBytes <= 227 * 1024, "fits the opt-in shared memory of one CTA");
 static_assert(kRawOffset % 16 == 0 && kRawBytes % 16 == 0, "16-byte staging");
 
@@ -63,6 +73,7 @@ static_assert(kRawOffset % 16 == 0 && kRawBytes % 16 == 0, "16-byte staging");
 DSV4_SM90_DEVICE uint32_t kv_offset(int row, int chunk) {
   return uint32_t((chunk / kSlabChunks) * kKvSlabBytes + row * kRowBytes + (((chunk % kSlabChunks) ^ (row & 7)) * 16));
 }
+
 
 struct RowState {
   float o[kValueTiles][4];
@@ -89,10 +100,17 @@ DSV4_SM90_DEVICE void issue_scores(uint32_t q_base, uint32_t kv_base, float (&s)
   wgmma_commit();
 }
 
+
 // Online softmax of one sub-block: masks invalid entries, raises the running max, rescales O and the sums, and
 // returns P as bf16 A fragments (k16 step kk covers entries 16 kk .. +16).
+DSV4_SM90_DEVICE float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 DSV4_SM90_DEVICE void softmax_sub(float (&s)[kScoreTiles][4], uint32_t valid, float scale_log2, int lane,
-                                  RowState& st, uint32_t (&p)[kPvSteps][4]) {
+                                  RowState& st, uint32_t (&p)[kPvSteps][4], float (&alpha)[2]) {
   const int quad_col = 2 * (lane & 3);
   float block_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -111,19 +129,19 @@ DSV4_SM90_DEVICE void softmax_sub(float (&s)[kScoreTiles][4], uint32_t valid, fl
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
     const float new_max = fmaxf(st.max[r], m);
     offset[r] = new_max == -INFINITY ? 0.0f : new_max;  // nothing valid yet: every weight is exp2(-inf) = 0
-    const float alpha = exp2f(st.max[r] - offset[r]);
+    alpha[r] = st.max[r] == new_max ? 1.0f : fast_exp2(st.max[r] - offset[r]);
     st.max[r] = new_max;
-    st.sum[r] *= alpha;
-    if (__any_sync(0xffffffffu, alpha != 1.0f)) {  // an unchanged max leaves O as it is (x * 1 is exact)
+    st.sum[r] *= alpha[r];
+    if (__any_sync(0xffffffffu, alpha[r] != 1.0f)) {  // an unchanged max leaves O as it is (x * 1 is exact)
 #pragma unroll
-      for (int t = 0; t < kValueTiles; ++t) st.o[t][2 * r] *= alpha, st.o[t][2 * r + 1] *= alpha;
+      for (int t = 0; t < kValueTiles; ++t) st.o[t][2 * r] *= alpha[r], st.o[t][2 * r + 1] *= alpha[r];
     }
   }
 #pragma unroll
   for (int t = 0; t < kScoreTiles; ++t)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      s[t][i] = exp2f(s[t][i] - offset[i / 2]);
+      s[t][i] = fast_exp2(s[t][i] - offset[i / 2]);
       st.sum[i / 2] += s[t][i];
     }
 #pragma unroll
@@ -228,10 +246,10 @@ DSV4_SM90_DEVICE void next_sub(const SparseMlaDecodeParams& p, const int32_t* me
 
 // Index values travel ahead of the gathers through a shared-memory ring: when the gather of sub-block x is issued,
 // the index of entry e of sub-block x + kIndexLead is copied (cp.async, in the same group) into ring slot
-// (x + kIndexLead) % kIndexSlots with a flag byte saying which set it indexes; by the time that sub-block's gather
-// is issued its group has completed, so no producer thread ever waits on an index load.
-constexpr int kIndexLead = kRawStages - 1;
-static_assert(kIndexSlots > kIndexLead, "a slot is read before it is rewritten");
+// (x + kIndexLead) % kIndexSlots with a flag byte saying which set it indexes; the gather of that sub-block waits
+// for the group (long complete by then) and reads the slot in the same warp, so no thread stalls on an index load.
+constexpr int kIndexLead = 5;
+static_assert(kIndexSlots >= kIndexLead + kGatherLead, "a slot is read before it is rewritten");
 constexpr uint8_t kFlagExtra = 1, kFlagWide = 2, kFlagNone = 0xff;
 
 DSV4_SM90_DEVICE void issue_index_copy(const SparseMlaDecodeParams& p, const SubCursor& c, int64_t s, int e,
@@ -305,29 +323,49 @@ DSV4_SM90_DEVICE void issue_sub_gather(const EntrySource& src, int e, int part, 
   }
 }
 
-// Decodes this producer thread's share of a staged sub-block into a K/V tile: entry e, nope items part + 4k (scale
+// Decodes this decoder thread's share of a staged sub-block into a K/V tile: entry e, nope items part + 4k (scale
 // tile k) and RoPE chunks 2 part, 2 part + 1 (copied). Invalid entries become zero rows (0 * NaN would poison P V).
-// The tile's valid mask is written by lane 0 of each producer warp (8 entries per warp).
+// All codes are loaded first and the common case (every item on the direct route) runs straight through. The
+// tile's valid mask is written by lane 0 of each decoder warp (8 entries per warp).
 DSV4_SM90_DEVICE void decode_sub(const uint8_t* staging, const uint8_t* entry_ok, uint8_t* tile, uint8_t* valid_bytes,
                                  int e, int part) {
+  constexpr int kItems = kNopeItems / kThreadsPerEntry;
   const bool ok = entry_ok[e] != 0;
   const uint32_t mask = __ballot_sync(0xffffffffu, ok && part == 0);
   if (threadIdx.x % 32 == 0) {
     uint32_t bits = 0;  // lanes 0, 4, .. 28 hold entries 8w .. 8w + 7
     for (int k = 0; k < 8; ++k) bits |= ((mask >> (4 * k)) & 1u) << k;
-    valid_bytes[(threadIdx.x - kConsumerThreads) / 32] = uint8_t(bits);
+    valid_bytes[(threadIdx.x % kGroupThreads) / 32] = uint8_t(bits);
   }
   const uint8_t* raw = staging + e * kEntryDataBytes;
+  uint4 codes[kItems];
 #pragma unroll
-  for (int k = 0; k < kNopeItems / kThreadsPerEntry; ++k) {
-    const int item = part + kThreadsPerEntry * k;
-    uint4 first = make_uint4(0, 0, 0, 0), second = first;
-    if (ok) {
-      const uint4 codes = *reinterpret_cast<const uint4*>(raw + item * kVectorBytes);
-      decode_nope_16(codes, staging[kRawScaleOffset + e * kEntryScaleBytes + k], first, second);
+  for (int k = 0; k < kItems; ++k)
+    codes[k] = *reinterpret_cast<const uint4*>(raw + (part + kThreadsPerEntry * k) * kVectorBytes);
+  const uint2 scale_words = *reinterpret_cast<const uint2*>(staging + kRawScaleOffset + e * kEntryScaleBytes);
+  uint32_t scales[kItems];
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) scales[k] = ((k < 4 ? scale_words.x : scale_words.y) >> (8 * (k % 4))) & 0xffu;
+  bool direct = ok;
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) direct = direct && decodes_directly(codes[k], scales[k]);
+  if (direct) {
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int item = part + kThreadsPerEntry * k;
+      uint4 first, second;
+      decode_nope_16_direct(codes[k], scales[k], first, second);
+      *reinterpret_cast<uint4*>(tile + kv_offset(e, 2 * item)) = first;
+      *reinterpret_cast<uint4*>(tile + kv_offset(e, 2 * item + 1)) = second;
     }
-    *reinterpret_cast<uint4*>(tile + kv_offset(e, 2 * item)) = first;
-    *reinterpret_cast<uint4*>(tile + kv_offset(e, 2 * item + 1)) = second;
+  } else {
+    for (int k = 0; k < kItems; ++k) {
+      const int item = part + kThreadsPerEntry * k;
+      uint4 first = make_uint4(0, 0, 0, 0), second = first;
+      if (ok) decode_nope_16(codes[k], uint8_t(scales[k]), first, second);
+      *reinterpret_cast<uint4*>(tile + kv_offset(e, 2 * item)) = first;
+      *reinterpret_cast<uint4*>(tile + kv_offset(e, 2 * item + 1)) = second;
+    }
   }
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
@@ -338,51 +376,78 @@ DSV4_SM90_DEVICE void decode_sub(const uint8_t* staging, const uint8_t* entry_ok
   fence_async_shared();
 }
 
-// Producer warpgroup. Step x issues the gather of sub-block x (and the index copies of sub-block x + kIndexLead);
-// step g + kRawStages - 1 runs once every producer is past decoding g - 1 (its stage is free); then wait for g's
-// bytes and for its tile to be empty, decode, hand the tile over.
-DSV4_SM90_DEVICE void produce(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t s, uint8_t* smem) {
-  uint8_t* kv_tiles = smem + kKvOffset;
-  uint8_t* raw = smem + kRawOffset;
-  uint8_t* entry_ok = smem + kEntryOkOffset;
-  uint8_t* valid = smem + kValidOffset;
-  uint8_t* index_ring = smem + kIndexOffset;
-  uint8_t* flag_ring = smem + kIndexFlagOffset;
-  const int pt = threadIdx.x - kConsumerThreads;
-  const int e = pt / kThreadsPerEntry, part = pt % kThreadsPerEntry;
+// Staging buffer s has two mbarriers: full (the valuer's 128 threads arrive once their entry_ok stores are done and
+// once more when their copies have landed) and free (the decoder's 128 threads arrive after decoding it).
+DSV4_SM90_DEVICE uint32_t raw_full_bar(uint8_t* smem, int stage) { return shared_address(smem + kMbarOffset + 8 * stage); }
+DSV4_SM90_DEVICE uint32_t raw_free_bar(uint8_t* smem, int stage) {
+  return shared_address(smem + kMbarOffset + 8 * (kRawStages + stage));
+}
+
+// Sub-blocks of this CTA's partition (all pieces).
+DSV4_SM90_DEVICE int64_t partition_subs(const SparseMlaDecodeParams& p, const int32_t* meta) {
   int64_t total = 0;
   for (SubCursor c = first_sub(p, meta); !c.done; c.i = c.piece.subs, settle(p, meta, c)) total += c.piece.subs;
-  SubCursor index_cursor = first_sub(p, meta);
-  auto copy_next_index = [&](int64_t x) {  // x: the sub-block index_cursor is at
-    const int slot = int(x % kIndexSlots);
-    if (part == 0) issue_index_copy(p, index_cursor, s, e, index_ring + slot * kSub * 8, flag_ring + slot * kSub);
-    next_sub(p, meta, index_cursor);
-  };
-  for (int x = 0; x < kIndexLead; ++x) copy_next_index(x);
-  cp_async_commit();
-  cp_async_wait_all();
-  named_sync(kBarProducers, kProducerThreads);
-  auto step = [&](int64_t x) {
-    const int slot = int(x % kIndexSlots), stage = int(x % kRawStages);
-    const EntrySource src = entry_source(p, index_ring + slot * kSub * 8, flag_ring + slot * kSub, e);
-    issue_sub_gather(src, e, part, raw + stage * kRawBytes, entry_ok + stage * kSub);
-    copy_next_index(x + kIndexLead);
-    cp_async_commit();
-  };
-  for (int x = 0; x < kRawStages - 1; ++x) step(x);
-  for (int64_t g = 0; g < total; ++g) {
-    cp_async_wait_group<kRawStages - 2>();  // sub-block g landed (this thread's copies)
-    named_sync(kBarProducers, kProducerThreads);  // everyone's copies of g landed; everyone is done with g - 1
-    step(g + kRawStages - 1);
-    const int tile = int(g % 2), stage = int(g % kRawStages);
-    if (g >= 2) named_sync(kBarEmpty + tile, kCtaThreads);
-    decode_sub(raw + stage * kRawBytes, entry_ok + stage * kSub, kv_tiles + tile * kKvTileBytes, valid + 4 * tile, e,
-               part);
-    named_arrive(kBarFull + tile, kCtaThreads);
-  }
-  for (int64_t g = total < 2 ? 0 : total - 2; g < total; ++g) named_sync(kBarEmpty + int(g % 2), kCtaThreads);
-  cp_async_wait_all();
+  return total;
 }
+
+// Decoder warpgroup d (0 or 1) takes sub-blocks g = d, d + 2, ..: waits for g's bytes and for its tile (tile d) to be
+// empty, decodes, hands the tile to the scorer and the staging buffer back to the gatherer.
+DSV4_SM90_DEVICE void decode_role(const SparseMlaDecodeParams& p, const int32_t* meta, int d, uint8_t* smem) {
+  const int t = threadIdx.x % kGroupThreads;
+  const int e = t / kThreadsPerEntry, part = t % kThreadsPerEntry;
+  const int64_t total = partition_subs(p, meta);
+  for (int64_t g = d; g < total; g += 2) {
+    const int stage = int(g % kRawStages);
+    mbarrier_wait(raw_full_bar(smem, stage), uint32_t(g / kRawStages) & 1u);
+    if (g >= 2) named_sync(kBarEmpty + d, kEmptyThreads);
+    decode_sub(smem + kRawOffset + stage * kRawBytes, smem + kEntryOkOffset + stage * kSub,
+               smem + kKvOffset + d * kKvTileBytes, smem + kValidOffset + 4 * d, e, part);
+    named_arrive(kBarFull + d, kFullThreads);
+    mbarrier_arrive(raw_free_bar(smem, stage));
+  }
+  if (total > d) named_sync(kBarEmpty + d, kEmptyThreads);  // the scorer and valuer are done with the last tile
+}
+
+// The valuer's gathering side: gather(x) copies sub-block x's raw bytes into staging buffer x % kRawStages (once the
+// decoder freed it) and the index values of sub-block x + kIndexLead into the index ring.
+struct Gatherer {
+  int64_t s, total;
+  uint8_t* smem;
+  int e, part;
+  SubCursor index_cursor;  // at the sub-block whose indices are copied next
+
+  DSV4_SM90_DEVICE void copy_next_index(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t x) {
+    const int slot = int(x % kIndexSlots);
+    if (part == 0)
+      issue_index_copy(p, index_cursor, s, e, smem + kIndexOffset + slot * kSub * 8,
+                       smem + kIndexFlagOffset + slot * kSub);
+    next_sub(p, meta, index_cursor);
+  }
+
+  DSV4_SM90_DEVICE void start(const SparseMlaDecodeParams& p, const int32_t* meta) {
+    index_cursor = first_sub(p, meta);
+    for (int x = 0; x < kIndexLead; ++x) copy_next_index(p, meta, x);
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncwarp();  // an entry's index is read by the four lanes of its quad
+    for (int x = 0; x < kGatherLead; ++x) gather(p, meta, x);
+  }
+
+  DSV4_SM90_DEVICE void gather(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t x) {
+    if (x >= total) return;
+    const int stage = int(x % kRawStages), slot = int(x % kIndexSlots);
+    if (x >= kRawStages) mbarrier_wait(raw_free_bar(smem, stage), uint32_t(x / kRawStages - 1) & 1u);
+    cp_async_wait_group<kIndexLead - 1>();  // the group that carried sub-block x's indices
+    __syncwarp();
+    const EntrySource src =
+        entry_source(p, smem + kIndexOffset + slot * kSub * 8, smem + kIndexFlagOffset + slot * kSub, e);
+    issue_sub_gather(src, e, part, smem + kRawOffset + stage * kRawBytes, smem + kEntryOkOffset + stage * kSub);
+    copy_next_index(p, meta, x + kIndexLead);
+    cp_async_commit();
+    mbarrier_arrive(raw_full_bar(smem, stage));
+    cp_async_mbarrier_arrive(raw_full_bar(smem, stage));
+  }
+};
 
 // Finalises this thread's rows with the portable tier's row finishers (one definition of the lse, sink and
 // no-valid-entry conventions): a single piece writes out / lse, a split piece its fp32 partial and lse.
@@ -433,35 +498,59 @@ DSV4_SM90_DEVICE uint4 load_q_chunk(const SparseMlaDecodeParams& p, const uint16
                     x[6] | uint32_t(x[7]) << 16);
 }
 
-DSV4_SM90_DEVICE void consumer_load_q(const SparseMlaDecodeParams& p, int64_t b, int64_t s, int64_t head0,
-                                      bool q_aligned, uint8_t* tile) {
-  constexpr int kBatch = 8, kPerThread = kHeadsPerCta * kChunksPerRow / kConsumerThreads;
+DSV4_SM90_DEVICE void scorer_load_q(const SparseMlaDecodeParams& p, int64_t b, int64_t s, int64_t head0,
+                                    bool q_aligned, uint8_t* tile) {
+  constexpr int kBatch = 8, kPerThread = kHeadsPerCta * kChunksPerRow / kGroupThreads;
   const uint16_t* q = p.q + b * p.q_stride_b + s * p.q_stride_s;
-#pragma unroll
-  for (int k0 = 0; k0 < kPerThread; k0 += kBatch) {
+#pragma unroll 1
+  for (int k0 = 0; k0 < kPerThread; k0 += kBatch) {  // one batch of loads in flight: registers stay for O
     uint4 v[kBatch];
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
-      const int u = threadIdx.x + (k0 + k) * kConsumerThreads;
+      const int u = threadIdx.x + (k0 + k) * kGroupThreads;
       v[k] = load_q_chunk(p, q, head0 + u / kChunksPerRow, u % kChunksPerRow, q_aligned);
     }
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
-      const int u = threadIdx.x + (k0 + k) * kConsumerThreads;
+      const int u = threadIdx.x + (k0 + k) * kGroupThreads;
       *reinterpret_cast<uint4*>(tile + tile_offset(u / kChunksPerRow, u % kChunksPerRow)) = v[k];
     }
   }
   fence_async_shared();
-  named_sync(kBarConsumers, kConsumerThreads);
+  named_sync(kBarScorer, kGroupThreads);
 }
 
-DSV4_SM90_DEVICE void consume(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t s, bool q_aligned,
-                              uint8_t* smem) {
+DSV4_SM90_DEVICE void clear_rows(RowState& st) {
+#pragma unroll
+  for (int t = 0; t < kValueTiles; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) st.o[t][i] = 0.0f;
+  st.max[0] = st.max[1] = -INFINITY;
+  st.sum[0] = st.sum[1] = 0.0f;
+}
+
+// The P handover of tile t (see kProbsSlotBytes); thread t of the scorer writes what thread t of the valuer reads
+// (both hold the same rows and columns of the fragments).
+struct ProbsSlot {
+  uint4* p0;
+  uint4* p1;
+  float4* scale_max;
+  float2* sums;
+};
+
+DSV4_SM90_DEVICE ProbsSlot probs_slot(uint8_t* smem, int tile) {
+  uint8_t* base = smem + kProbsOffset + tile * kProbsSlotBytes;
+  return {reinterpret_cast<uint4*>(base), reinterpret_cast<uint4*>(base + 16 * kGroupThreads),
+          reinterpret_cast<float4*>(base + 32 * kGroupThreads), reinterpret_cast<float2*>(base + 48 * kGroupThreads)};
+}
+
+// Scorer warpgroup: per piece loads q; per sub-block S, the softmax, the P handover and O += P V for dims 0-255.
+DSV4_SM90_DEVICE void score_role(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t s, bool q_aligned,
+                                 uint8_t* smem) {
   uint8_t* q_tile = smem + kQOffset;
   const uint32_t q_base = shared_address(q_tile), kv_base = shared_address(smem + kKvOffset);
   const uint32_t* valid = reinterpret_cast<const uint32_t*>(smem + kValidOffset);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row_group = warp % kRowGroups, half = warp / kRowGroups;
+  const int t = threadIdx.x, row_group = t / 32, lane = t % 32;
   const int64_t head0 = int64_t(blockIdx.x) * kHeadsPerCta;
   const float scale_log2 = p.sm_scale * kLog2e;
   const int64_t first = meta[0] < 0 ? 0 : meta[0], last = meta[1] < p.b ? meta[1] : p.b - 1;
@@ -469,47 +558,102 @@ DSV4_SM90_DEVICE void consume(const SparseMlaDecodeParams& p, const int32_t* met
   for (int64_t r = first; r <= last; ++r) {
     const Piece piece = piece_of(p, meta, r);
     if (piece.skip) continue;
-    named_sync(kBarConsumers, kConsumerThreads);  // both consumers are done with the previous q
-    consumer_load_q(p, r, s, head0, q_aligned, q_tile);
+    named_sync(kBarScorer, kGroupThreads);  // every scorer warp is done with the previous q
+    scorer_load_q(p, r, s, head0, q_aligned, q_tile);
     RowState st;
-#pragma unroll
-    for (int t = 0; t < kValueTiles; ++t)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) st.o[t][i] = 0.0f;
-    st.max[0] = st.max[1] = -INFINITY;
-    st.sum[0] = st.sum[1] = 0.0f;
+    clear_rows(st);
     for (int64_t i = 0; i < piece.subs; ++i, ++g) {
       const int tile = int(g % 2);
       const uint32_t kv_tile = kv_base + tile * kKvTileBytes;
-      named_sync(kBarFull + tile, kCtaThreads);
+      named_sync(kBarFull + tile, kFullThreads);
       float scores[kScoreTiles][4];
       issue_scores(q_base, kv_tile, scores);
       wgmma_wait_all();
       uint32_t probs[kPvSteps][4];
-      softmax_sub(scores, valid[tile], scale_log2, lane, st, probs);
+      float alpha[2];
+      softmax_sub(scores, valid[tile], scale_log2, lane, st, probs, alpha);
+      const ProbsSlot slot = probs_slot(smem, tile);
+      slot.p0[t] = make_uint4(probs[0][0], probs[0][1], probs[0][2], probs[0][3]);
+      slot.p1[t] = make_uint4(probs[1][0], probs[1][1], probs[1][2], probs[1][3]);
+      slot.scale_max[t] = make_float4(alpha[0], alpha[1], st.max[0], st.max[1]);
+      slot.sums[t] = make_float2(st.sum[0], st.sum[1]);
+      named_arrive(kBarProbs + tile, kProbsThreads);
       wgmma_fence();
-      slab_values(kv_tile, probs, half, st);
+      slab_values(kv_tile, probs, 0, st);
       wgmma_commit();
       wgmma_wait_all();
-      named_arrive(kBarEmpty + tile, kCtaThreads);
+      named_arrive(kBarEmpty + tile, kEmptyThreads);
     }
-    finish_rows(p, piece, s, head0, row_group, half, lane, st);
+    finish_rows(p, piece, s, head0, row_group, 0, lane, st);
   }
 }
 
+// Valuer warpgroup: keeps the gathers kGatherLead sub-blocks ahead; per sub-block takes P and the rescale factors
+// from the scorer and runs O += P V for dims 256-511.
+DSV4_SM90_DEVICE void value_role(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t s, uint8_t* smem) {
+  const uint32_t kv_base = shared_address(smem + kKvOffset);
+  const int t = threadIdx.x % kGroupThreads, row_group = t / 32, lane = t % 32;
+  const int64_t head0 = int64_t(blockIdx.x) * kHeadsPerCta;
+  Gatherer gatherer{s, partition_subs(p, meta), smem, t / kThreadsPerEntry, t % kThreadsPerEntry, {}};
+  gatherer.start(p, meta);
+  const int64_t first = meta[0] < 0 ? 0 : meta[0], last = meta[1] < p.b ? meta[1] : p.b - 1;
+  int64_t g = 0;
+  for (int64_t r = first; r <= last; ++r) {
+    const Piece piece = piece_of(p, meta, r);
+    if (piece.skip) continue;
+    RowState st;
+    clear_rows(st);
+    for (int64_t i = 0; i < piece.subs; ++i, ++g) {
+      gatherer.gather(p, meta, g + kGatherLead);
+      const int tile = int(g % 2);
+      named_sync(kBarProbs + tile, kProbsThreads);
+      const ProbsSlot slot = probs_slot(smem, tile);
+      const uint4 p0 = slot.p0[t], p1 = slot.p1[t];
+      const float4 scale_max = slot.scale_max[t];
+      const float2 sums = slot.sums[t];
+      const uint32_t probs[kPvSteps][4] = {{p0.x, p0.y, p0.z, p0.w}, {p1.x, p1.y, p1.z, p1.w}};
+      st.max[0] = scale_max.z, st.max[1] = scale_max.w;
+      st.sum[0] = sums.x, st.sum[1] = sums.y;
+      if (__any_sync(0xffffffffu, scale_max.x != 1.0f || scale_max.y != 1.0f)) {
+#pragma unroll
+        for (int k = 0; k < kValueTiles; ++k) {
+          st.o[k][0] *= scale_max.x, st.o[k][1] *= scale_max.x;
+          st.o[k][2] *= scale_max.y, st.o[k][3] *= scale_max.y;
+        }
+      }
+      wgmma_fence();
+      slab_values(kv_base + tile * kKvTileBytes, probs, 1, st);
+      wgmma_commit();
+      wgmma_wait_all();
+      named_arrive(kBarEmpty + tile, kEmptyThreads);
+    }
+    finish_rows(p, piece, s, head0, row_group, 1, lane, st);
+  }
+  cp_async_wait_all();  // index copies past the last sub-block
+}
+
 // Grid (head groups, s_q, num_parts): CTA (x, s, z) attends heads [64x, 64x + 64) of query s of every request
-// piece in schedule partition z. Threads 0-255 consume, 256-383 produce.
+// piece in schedule partition z. Warpgroup 0 scores, 1 values and gathers, 2 and 3 decode.
 __global__ void __launch_bounds__(kCtaThreads, 1)
     sparse_mla_decode_sm90_kernel(const SparseMlaDecodeParams p, bool q_aligned) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((kSwizzleAtomBytes - shared_address(smem_raw) % kSwizzleAtomBytes) % kSwizzleAtomBytes);
   const int32_t* meta = p.sched.sched_meta + int64_t(blockIdx.z) * kDecodeSchedWords;
-  if (threadIdx.x >= kConsumerThreads) {
-    lower_registers<kProducerRegs>();
-    produce(p, meta, blockIdx.y, smem);
+  if (threadIdx.x < kRawStages) {
+    mbarrier_init(raw_full_bar(smem, threadIdx.x), 2 * kGroupThreads);
+    mbarrier_init(raw_free_bar(smem, threadIdx.x), kGroupThreads);
+  }
+  __syncthreads();
+  const int role = threadIdx.x / kGroupThreads;
+  if (role >= kDecoder) {
+    lower_registers<kDecoderRegs>();
+    decode_role(p, meta, role - kDecoder, smem);
+  } else if (role == kScorer) {
+    raise_registers<kScorerRegs>();
+    score_role(p, meta, blockIdx.y, q_aligned, smem);
   } else {
-    raise_registers<kConsumerRegs>();
-    consume(p, meta, blockIdx.y, q_aligned, smem);
+    raise_registers<kValuerRegs>();
+    value_role(p, meta, blockIdx.y, smem);
   }
 }
 
@@ -553,3 +697,4 @@ cudaError_t launch_sparse_mla_decode_sm90(const SparseMlaDecodeParams& p, cudaSt
 }
 
 }  // namespace dsv4::cuda
+
