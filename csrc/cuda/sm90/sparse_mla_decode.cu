@@ -409,9 +409,10 @@ DSV4_SM90_DEVICE void decode_role(const SparseMlaDecodeParams& p, const int32_t*
 }
 
 // The valuer's gathering side: gather(x) copies sub-block x's raw bytes into staging buffer x % kRawStages (once the
-// decoder freed it) and the index values of sub-block x + kIndexLead into the index ring.
+// decoder freed it) and the index values of sub-block x + kIndexLead into the index ring. Past the partition's last
+// sub-block the index slots are unset, so it copies nothing (and nobody waits for those stages).
 struct Gatherer {
-  int64_t s, total;
+  int64_t s;
   uint8_t* smem;
   int e, part;
   SubCursor index_cursor;  // at the sub-block whose indices are copied next
@@ -434,7 +435,6 @@ struct Gatherer {
   }
 
   DSV4_SM90_DEVICE void gather(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t x) {
-    if (x >= total) return;
     const int stage = int(x % kRawStages), slot = int(x % kIndexSlots);
     if (x >= kRawStages) mbarrier_wait(raw_free_bar(smem, stage), uint32_t(x / kRawStages - 1) & 1u);
     cp_async_wait_group<kIndexLead - 1>();  // the group that carried sub-block x's indices
@@ -498,25 +498,28 @@ DSV4_SM90_DEVICE uint4 load_q_chunk(const SparseMlaDecodeParams& p, const uint16
                     x[6] | uint32_t(x[7]) << 16);
 }
 
-DSV4_SM90_DEVICE void scorer_load_q(const SparseMlaDecodeParams& p, int64_t b, int64_t s, int64_t head0,
-                                    bool q_aligned, uint8_t* tile) {
-  constexpr int kBatch = 8, kPerThread = kHeadsPerCta * kChunksPerRow / kGroupThreads;
+// Starts copying the q rows of heads [head0, head0 + 64) of query (b, s) into the tile (cp.async where q rows are
+// 16-byte aligned, plain loads otherwise; heads past h_q are zero); wait_q finishes it.
+DSV4_SM90_DEVICE void start_q(const SparseMlaDecodeParams& p, int64_t b, int64_t s, int64_t head0, bool q_aligned,
+                              uint8_t* tile) {
+  constexpr int kPerThread = kHeadsPerCta * kChunksPerRow / kGroupThreads;
   const uint16_t* q = p.q + b * p.q_stride_b + s * p.q_stride_s;
-#pragma unroll 1
-  for (int k0 = 0; k0 < kPerThread; k0 += kBatch) {  // one batch of loads in flight: registers stay for O
-    uint4 v[kBatch];
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) {
-      const int u = threadIdx.x + (k0 + k) * kGroupThreads;
-      v[k] = load_q_chunk(p, q, head0 + u / kChunksPerRow, u % kChunksPerRow, q_aligned);
-    }
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) {
-      const int u = threadIdx.x + (k0 + k) * kGroupThreads;
-      *reinterpret_cast<uint4*>(tile + tile_offset(u / kChunksPerRow, u % kChunksPerRow)) = v[k];
+#pragma unroll 4
+  for (int k = 0; k < kPerThread; ++k) {
+    const int u = threadIdx.x + k * kGroupThreads, row = u / kChunksPerRow, chunk = u % kChunksPerRow;
+    uint8_t* dst = tile + tile_offset(row, chunk);
+    if (q_aligned && head0 + row < p.h_q) {
+      cp_async_16(shared_address(dst), q + (head0 + row) * p.q_stride_h + chunk * kChunkElems);
+    } else {
+      *reinterpret_cast<uint4*>(dst) = load_q_chunk(p, q, head0 + row, chunk, q_aligned);
     }
   }
-  fence_async_shared();
+  cp_async_commit();
+}
+
+DSV4_SM90_DEVICE void wait_q() {
+  cp_async_wait_all();
+  fence_async_shared();  // the copies and stores, visible to wgmma
   named_sync(kBarScorer, kGroupThreads);
 }
 
@@ -554,12 +557,18 @@ DSV4_SM90_DEVICE void score_role(const SparseMlaDecodeParams& p, const int32_t* 
   const int64_t head0 = int64_t(blockIdx.x) * kHeadsPerCta;
   const float scale_log2 = p.sm_scale * kLog2e;
   const int64_t first = meta[0] < 0 ? 0 : meta[0], last = meta[1] < p.b ? meta[1] : p.b - 1;
-  int64_t g = 0;
+  int64_t g = 0, q_request = first;  // q_request: the request whose q is in (or on its way to) the tile
+  if (first <= last) start_q(p, first, s, head0, q_aligned, q_tile);
   for (int64_t r = first; r <= last; ++r) {
     const Piece piece = piece_of(p, meta, r);
     if (piece.skip) continue;
-    named_sync(kBarScorer, kGroupThreads);  // every scorer warp is done with the previous q
-    scorer_load_q(p, r, s, head0, q_aligned, q_tile);
+    if (q_request != r) {
+      cp_async_wait_all();  // a copy for a passed-over request may still be in flight
+      named_sync(kBarScorer, kGroupThreads);  // every scorer warp is done with the previous q
+      start_q(p, r, s, head0, q_aligned, q_tile);
+      q_request = r;
+    }
+    wait_q();
     RowState st;
     clear_rows(st);
     for (int64_t i = 0; i < piece.subs; ++i, ++g) {
@@ -569,6 +578,11 @@ DSV4_SM90_DEVICE void score_role(const SparseMlaDecodeParams& p, const int32_t* 
       float scores[kScoreTiles][4];
       issue_scores(q_base, kv_tile, scores);
       wgmma_wait_all();
+      if (i + 1 == piece.subs && r < last) {  // the next request's q loads under this sub-block's softmax and P V
+        named_sync(kBarScorer, kGroupThreads);
+        start_q(p, r + 1, s, head0, q_aligned, q_tile);
+        q_request = r + 1;
+      }
       uint32_t probs[kPvSteps][4];
       float alpha[2];
       softmax_sub(scores, valid[tile], scale_log2, lane, st, probs, alpha);
@@ -594,7 +608,7 @@ DSV4_SM90_DEVICE void value_role(const SparseMlaDecodeParams& p, const int32_t* 
   const uint32_t kv_base = shared_address(smem + kKvOffset);
   const int t = threadIdx.x % kGroupThreads, row_group = t / 32, lane = t % 32;
   const int64_t head0 = int64_t(blockIdx.x) * kHeadsPerCta;
-  Gatherer gatherer{s, partition_subs(p, meta), smem, t / kThreadsPerEntry, t % kThreadsPerEntry, {}};
+  Gatherer gatherer{s, smem, t / kThreadsPerEntry, t % kThreadsPerEntry, {}};
   gatherer.start(p, meta);
   const int64_t first = meta[0] < 0 ? 0 : meta[0], last = meta[1] < p.b ? meta[1] : p.b - 1;
   int64_t g = 0;
