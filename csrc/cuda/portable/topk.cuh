@@ -57,19 +57,41 @@ DSV4_DEVICE void topk_suffix_sums(TopkShared& s) {
   }
 }
 
-// Radix select over the values value(i, v) of the entries i < n that take part (value returns true): the rank-th
-// largest value (rank >= 1, at most the number taking part), and in ties how many entries equal to it belong to
-// the top rank. Every thread calls it and gets the same answer.
+// Visits this thread's entries i = threadIdx.x + j * blockDim.x < n with use(i, key(x[i])), kTopkBatch at a time:
+// the loads of a batch are all issued before any of them is used (a loop that used each load before the next
+// one paid a full memory latency per entry, behind the shared-memory atomics).
+constexpr int kTopkBatch = 8;
+template <class Use>
+DSV4_DEVICE void topk_for_keys(const float* x, int64_t n, Use use) {
+  for (int64_t base = threadIdx.x; base < n; base += int64_t(kTopkBatch) * blockDim.x) {
+    float v[kTopkBatch];
+#pragma unroll
+    for (int u = 0; u < kTopkBatch; ++u) {
+      const int64_t i = base + int64_t(u) * blockDim.x;
+      v[u] = i < n ? x[i] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kTopkBatch; ++u) {
+      const int64_t i = base + int64_t(u) * blockDim.x;
+      if (i < n) use(i, topk_order_key(v[u]));
+    }
+  }
+}
+
+// Radix select over the values value(i, key, v) of the entries i < n of x that take part (value returns true;
+// key is the entry's order key): the rank-th largest value (rank >= 1, at most the number taking part), and in
+// ties how many entries equal to it belong to the top rank. Every thread calls it and gets the same answer.
 template <class Value>
-DSV4_DEVICE uint32_t topk_radix_select(TopkShared& s, int64_t n, uint32_t rank, Value value, uint32_t& ties) {
+DSV4_DEVICE uint32_t topk_radix_select(TopkShared& s, const float* x, int64_t n, uint32_t rank, Value value,
+                                       uint32_t& ties) {
   uint32_t prefix = 0, mask = 0, need = rank;
   for (int shift = 32 - kTopkRadixBits; shift >= 0; shift -= kTopkRadixBits) {
     for (int d = threadIdx.x; d < kTopkBins; d += blockDim.x) s.hist[d] = 0;
     __syncthreads();
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    topk_for_keys(x, n, [&](int64_t i, uint32_t key) {
       uint32_t v;
-      if (value(i, v) && (v & mask) == prefix) atomicAdd(&s.hist[(v >> shift) & (kTopkBins - 1)], 1u);
-    }
+      if (value(i, key, v) && (v & mask) == prefix) atomicAdd(&s.hist[(v >> shift) & (kTopkBins - 1)], 1u);
+    });
     __syncthreads();
     topk_suffix_sums(s);
     for (int d = threadIdx.x; d < kTopkBins; d += blockDim.x) {
@@ -90,9 +112,9 @@ DSV4_DEVICE uint32_t topk_radix_select(TopkShared& s, int64_t n, uint32_t rank, 
 DSV4_DEVICE void topk_select_sorted(TopkShared& s, const float* x, int64_t n, int k) {
   uint32_t ties = 0;
   const uint32_t kth = topk_radix_select(
-      s, n, uint32_t(k),
-      [x](int64_t i, uint32_t& v) {
-        v = topk_order_key(x[i]);
+      s, x, n, uint32_t(k),
+      [](int64_t, uint32_t key, uint32_t& v) {
+        v = key;
         return true;
       },
       ties);
@@ -102,22 +124,22 @@ DSV4_DEVICE void topk_select_sorted(TopkShared& s, const float* x, int64_t n, in
   if (ties < equal) {
     __syncthreads();  // every thread has read s.in_digit
     last_tie = topk_radix_select(
-        s, n, ties,
-        [x, kth](int64_t i, uint32_t& v) {
+        s, x, n, ties,
+        [kth](int64_t i, uint32_t key, uint32_t& v) {
           v = ~uint32_t(i);
-          return topk_order_key(x[i]) == kth;
+          return key == kth;
         },
         unused);
   }
   if (threadIdx.x == 0) s.count = 0;
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const uint32_t key = topk_order_key(x[i]), inverted = ~uint32_t(i);
+  topk_for_keys(x, n, [&](int64_t i, uint32_t key) {
+    const uint32_t inverted = ~uint32_t(i);
     if (key > kth || (key == kth && inverted >= last_tie)) {
       const uint32_t at = atomicAdd(&s.count, 1u);
       if (at < uint32_t(k)) s.pairs[at] = (uint64_t(key) << 32) | inverted;
     }
-  }
+  });
   __syncthreads();
   // Bitonic sort, descending: (key, ~index) larger first is score descending, then index ascending.
   for (int size = 2; size <= k; size <<= 1) {
