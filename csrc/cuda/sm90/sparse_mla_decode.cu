@@ -109,6 +109,15 @@ DSV4_SM90_DEVICE float fast_exp2(float x) {
   return y;
 }
 
+// Scales row r of this thread's O fragments by alpha; skipped when alpha is 1 on every lane of the warp (x * 1 is
+// exact, so skipping changes nothing).
+DSV4_SM90_DEVICE void rescale_row(RowState& st, int r, float alpha) {
+  if (__any_sync(0xffffffffu, alpha != 1.0f)) {
+#pragma unroll
+    for (int t = 0; t < kValueTiles; ++t) st.o[t][2 * r] *= alpha, st.o[t][2 * r + 1] *= alpha;
+  }
+}
+
 DSV4_SM90_DEVICE void softmax_sub(float (&s)[kScoreTiles][4], uint32_t valid, float scale_log2, int lane,
                                   RowState& st, uint32_t (&p)[kPvSteps][4], float (&alpha)[2]) {
   const int quad_col = 2 * (lane & 3);
@@ -132,10 +141,7 @@ DSV4_SM90_DEVICE void softmax_sub(float (&s)[kScoreTiles][4], uint32_t valid, fl
     alpha[r] = st.max[r] == new_max ? 1.0f : fast_exp2(st.max[r] - offset[r]);
     st.max[r] = new_max;
     st.sum[r] *= alpha[r];
-    if (__any_sync(0xffffffffu, alpha[r] != 1.0f)) {  // an unchanged max leaves O as it is (x * 1 is exact)
-#pragma unroll
-      for (int t = 0; t < kValueTiles; ++t) st.o[t][2 * r] *= alpha[r], st.o[t][2 * r + 1] *= alpha[r];
-    }
+    rescale_row(st, r, alpha[r]);
   }
 #pragma unroll
   for (int t = 0; t < kScoreTiles; ++t)
@@ -300,9 +306,8 @@ DSV4_SM90_DEVICE EntrySource entry_source(const SparseMlaDecodeParams& p, const 
   return {page + offset * kEntryDataBytes, page + cache.block_size * kEntryDataBytes + offset * kEntryScaleBytes};
 }
 
-// Starts copying the raw bytes of one entry of a sub-block into a staging buffer (kThreadsPerEntry producer threads
-// per entry, 16-byte copies where the page allows); entry_ok[e] records validity. Always commits one cp.async
-// group (with the index copies issued alongside; empty when nothing is), so group counts stay uniform.
+// Starts copying the raw bytes of one entry of a sub-block into a staging buffer (kThreadsPerEntry valuer threads
+// per entry, 16-byte copies where the page allows); entry_ok[e] records validity. The caller commits the group.
 DSV4_SM90_DEVICE void issue_sub_gather(const EntrySource& src, int e, int part, uint8_t* staging, uint8_t* entry_ok) {
   const bool ok = src.data != nullptr;
   if (part == 0) entry_ok[e] = ok;
@@ -485,8 +490,7 @@ DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& p
   }
 }
 
-// Loads the q rows of heads [head0, head0 + 64) of query (b, s) into the tile with the consumer threads (heads past
-// h_q are zero; 8 loads in flight per thread) and makes them visible to wgmma.
+// One 16-byte chunk of q row `head` (zero past h_q; element loads where q rows are not 16-byte aligned).
 DSV4_SM90_DEVICE uint4 load_q_chunk(const SparseMlaDecodeParams& p, const uint16_t* q, int64_t head, int chunk,
                                    bool q_aligned) {
   if (head >= p.h_q) return make_uint4(0, 0, 0, 0);
@@ -628,13 +632,8 @@ DSV4_SM90_DEVICE void value_role(const SparseMlaDecodeParams& p, const int32_t* 
       const uint32_t probs[kPvSteps][4] = {{p0.x, p0.y, p0.z, p0.w}, {p1.x, p1.y, p1.z, p1.w}};
       st.max[0] = scale_max.z, st.max[1] = scale_max.w;
       st.sum[0] = sums.x, st.sum[1] = sums.y;
-      if (__any_sync(0xffffffffu, scale_max.x != 1.0f || scale_max.y != 1.0f)) {
-#pragma unroll
-        for (int k = 0; k < kValueTiles; ++k) {
-          st.o[k][0] *= scale_max.x, st.o[k][1] *= scale_max.x;
-          st.o[k][2] *= scale_max.y, st.o[k][3] *= scale_max.y;
-        }
-      }
+      rescale_row(st, 0, scale_max.x);
+      rescale_row(st, 1, scale_max.y);
       wgmma_fence();
       slab_values(kv_base + tile * kKvTileBytes, probs, 1, st);
       wgmma_commit();
