@@ -1,5 +1,6 @@
 // The CUDA kernel table: wraps each launcher with the current stream and a launch-status check, and picks the
-// sparse-decode tier (Hopper on compute capability 9.0 when built, else portable; DSV4_CUDA_TIER=portable forces it).
+// tier of sparse decode and the paged indexer (Hopper on compute capability 9.0 when built, else portable;
+// DSV4_CUDA_TIER=portable forces it).
 #include "cuda/kernel_table.h"
 
 #include <cstdlib>
@@ -47,7 +48,7 @@ const DeviceFacts& device_facts() {
 }
 
 #if defined(DSV4_HAVE_SM90)
-bool use_sm90_decode() {
+bool use_sm90() {
   const char* forced = std::getenv("DSV4_CUDA_TIER");
   if (forced != nullptr && std::strcmp(forced, "portable") == 0) return false;
   const DeviceFacts& f = device_facts();
@@ -59,12 +60,16 @@ bool use_sm90_decode() {
 // to the entry's function-pointer type with the op's parameter struct.
 #define DSV4_WRAP(name) [](const auto& p) { check_launch(#name, launch_##name(p, current_stream())); }
 
-void sparse_mla_decode(const SparseMlaDecodeParams& p) {
+// A table entry with a Hopper kernel: the sm90 launcher on compute capability 9.0, else the portable one.
 #if defined(DSV4_HAVE_SM90)
-  if (use_sm90_decode()) return check_launch("sparse_mla_decode", launch_sparse_mla_decode_sm90(p, current_stream()));
+#define DSV4_WRAP_TIERED(name)                                                                    \
+  [](const auto& p) {                                                                             \
+    const cudaStream_t stream = current_stream();                                                 \
+    check_launch(#name, use_sm90() ? launch_##name##_sm90(p, stream) : launch_##name(p, stream)); \
+  }
+#else
+#define DSV4_WRAP_TIERED(name) DSV4_WRAP(name)
 #endif
-  check_launch("sparse_mla_decode", launch_sparse_mla_decode(p, current_stream()));
-}
 
 }  // namespace
 
@@ -80,11 +85,11 @@ const KernelTable& kernels() {
       DSV4_WRAP(indexer_k_quant_insert),
       DSV4_WRAP(map_local_to_global_slots),
       DSV4_WRAP(inverse_rope),
-      DSV4_WRAP(fp8_paged_mqa_logits),
+      DSV4_WRAP_TIERED(fp8_paged_mqa_logits),
       DSV4_WRAP(fp8_mqa_logits),
       DSV4_WRAP(topk_transform),
-      DSV4_WRAP(fp8_paged_mqa_topk),
-      &sparse_mla_decode,
+      DSV4_WRAP_TIERED(fp8_paged_mqa_topk),
+      DSV4_WRAP_TIERED(sparse_mla_decode),
       [](const auto& p) { check_launch("sparse_mla_decode_schedule", launch_decode_schedule(p, current_stream())); },
       DSV4_WRAP(sparse_mla_prefill),
   };

@@ -26,6 +26,8 @@ cudaError_t launch_fp8_mqa_logits(const MqaLogitsParams& p, cudaStream_t stream)
 cudaError_t launch_topk_transform(const TopkTransformParams& p, cudaStream_t stream);
 // Needs p.workspace: see PagedMqaTopkParams.
 cudaError_t launch_fp8_paged_mqa_topk(const PagedMqaTopkParams& p, cudaStream_t stream);
+// The select alone, over rows 0 .. p.rows - 1 (<= workspace_rows) whose scores are already in p.workspace.
+cudaError_t launch_fp8_paged_mqa_topk_select(const PagedMqaTopkParams& p, cudaStream_t stream);
 cudaError_t launch_sparse_mla_prefill(const SparseMlaPrefillParams& p, cudaStream_t stream);
 
 // Sparse decode: plans (when p.sched.plan), attends, and combines split pieces.
@@ -35,6 +37,9 @@ cudaError_t launch_decode_schedule(const SparseMlaDecodeParams& p, cudaStream_t 
 cudaError_t launch_decode_combine(const SparseMlaDecodeParams& p, cudaStream_t stream);  // merges split pieces
 #if defined(DSV4_HAVE_SM90)
 cudaError_t launch_sparse_mla_decode_sm90(const SparseMlaDecodeParams& p, cudaStream_t stream);
+// Indexer scores on Hopper; shapes the kernel does not take go to the portable tier.
+cudaError_t launch_fp8_paged_mqa_logits_sm90(const PagedMqaLogitsParams& p, cudaStream_t stream);
+cudaError_t launch_fp8_paged_mqa_topk_sm90(const PagedMqaTopkParams& p, cudaStream_t stream);
 #endif
 
 }  // namespace dsv4::cuda

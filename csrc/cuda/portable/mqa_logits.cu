@@ -13,14 +13,6 @@ constexpr int64_t kMaxGridY = 65535;
 constexpr int64_t kMaxGridX = 65535;  // within every platform's limits; the kernels stride over the rest
 constexpr int64_t kRaggedRowBlock = 16;  // ragged rows sharing one decoded key tile
 
-// Valid length of row (b, j): [b, next_n] lens as given, [b] lens by the causal MTP rule; in [0, max_context_len].
-DSV4_DEVICE int64_t paged_row_length(const PagedMqaLogitsParams& p, int64_t b, int64_t j) {
-  const int64_t given = p.lens_per_row ? index_at(p.context_lens, b, j) : index_at(p.context_lens, b);
-  if (given <= 0) return 0;  // also keeps the MTP rule below from wrapping around for a huge negative length
-  const int64_t len = p.lens_per_row ? given : given - p.next_n + j + 1;
-  return len < 0 ? 0 : (len > p.max_context_len ? p.max_context_len : len);
-}
-
 __global__ void __launch_bounds__(kScoreThreads) paged_mqa_logits_kernel(PagedMqaLogitsParams p, bool aligned) {
   __shared__ PagedScoreShared s;
   const int t = threadIdx.x;

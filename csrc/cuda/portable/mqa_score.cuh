@@ -102,6 +102,14 @@ DSV4_DEVICE int64_t paged_key_offset(const PagedCache& cache, const IndexView& t
   return page + entry * dim;
 }
 
+// Valid length of row (b, j): [b, next_n] lens as given, [b] lens by the causal MTP rule; in [0, max_context_len].
+DSV4_DEVICE int64_t paged_row_length(const PagedMqaLogitsParams& p, int64_t b, int64_t j) {
+  const int64_t given = p.lens_per_row ? index_at(p.context_lens, b, j) : index_at(p.context_lens, b);
+  if (given <= 0) return 0;  // also keeps the MTP rule below from wrapping around for a huge negative length
+  const int64_t len = p.lens_per_row ? given : given - p.next_n + j + 1;
+  return len < 0 ? 0 : (len > p.max_context_len ? p.max_context_len : len);
+}
+
 // Shared state of a paged scoring CTA: the tile and the cache offset of each of its keys.
 struct PagedScoreShared {
   ScoreTile<128> tile;

@@ -1,6 +1,7 @@
 // Fused prefill indexer, portable tier: CTA c scores rows c, c + workspace_rows, ... one at a time into its fp32
 // workspace row (the per-key arithmetic of fp8_paged_mqa_logits, so the scores are bit-identical) and runs the CTA
-// top-k of topk_transform on it. Rows of length <= k need no scores: 0 .. L-1 then -1.
+// top-k of topk_transform on it. Rows of length <= k need no scores: 0 .. L-1 then -1. With `scored`, another tier
+// has already written the scores of rows 0 .. workspace_rows - 1 and only the select runs.
 #include <algorithm>
 
 #include "cuda/launchers.h"
@@ -15,7 +16,7 @@ union PagedTopkShared {
   TopkShared topk;
 };
 
-__global__ void __launch_bounds__(kScoreThreads) paged_mqa_topk_kernel(PagedMqaTopkParams p, bool aligned) {
+__global__ void __launch_bounds__(kScoreThreads) paged_mqa_topk_kernel(PagedMqaTopkParams p, bool aligned, bool scored) {
   __shared__ PagedTopkShared s;
   const int t = threadIdx.x;
   // Scored rows are bounded by the workspace: what the block table addresses (and int32 raw indices).
@@ -33,7 +34,7 @@ __global__ void __launch_bounds__(kScoreThreads) paged_mqa_topk_kernel(PagedMqaT
     const bool request_valid = request >= 0 && request < p.num_requests;  // else every page is missing: -inf
     const uint8_t* q_row = p.q + row * p.num_heads * p.head_dim;
     const float* w_row = p.weights + row * p.w_stride;
-    for (int64_t t0 = 0; t0 < length; t0 += kScoreThreads) {
+    for (int64_t t0 = 0; !scored && t0 < length; t0 += kScoreThreads) {
       const int64_t pos = t0 + t;
       float scale = 0.0f;
       const int64_t offset = load_paged_tile(s.score, p.cache, p.block_table, request, request_valid, p.max_blocks,
@@ -54,7 +55,13 @@ __global__ void __launch_bounds__(kScoreThreads) paged_mqa_topk_kernel(PagedMqaT
 cudaError_t launch_fp8_paged_mqa_topk(const PagedMqaTopkParams& p, cudaStream_t stream) {
   if (p.rows <= 0 || p.workspace_rows <= 0) return cudaSuccess;
   const bool aligned = ((reinterpret_cast<uintptr_t>(p.cache.base) | uint64_t(p.cache.block_stride)) & 3u) == 0;
-  paged_mqa_topk_kernel<<<unsigned(p.workspace_rows), kScoreThreads, 0, stream>>>(p, aligned);
+  paged_mqa_topk_kernel<<<unsigned(p.workspace_rows), kScoreThreads, 0, stream>>>(p, aligned, false);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_fp8_paged_mqa_topk_select(const PagedMqaTopkParams& p, cudaStream_t stream) {
+  if (p.rows <= 0 || p.rows > p.workspace_rows) return p.rows <= 0 ? cudaSuccess : cudaErrorInvalidValue;
+  paged_mqa_topk_kernel<<<unsigned(p.rows), kScoreThreads, 0, stream>>>(p, true, true);
   return cudaGetLastError();
 }
 
