@@ -11,11 +11,11 @@ from test_mqa_logits import indexer_cache, random_fp8
 HEAD_DIM, BLOCK = 128, 64
 
 
-def prefill_case(requests, heads=16, block_size=BLOCK, index_dtype=torch.int32, holes=False):
+def prefill_case(requests, heads=16, block_size=BLOCK, index_dtype=torch.int32, holes=False, pad_bytes=24):
     """Causal prefill rows: request i contributes q_len rows whose lengths grow from prefix + 1."""
     pages = [(prefix + q_len + block_size - 1) // block_size for prefix, q_len in requests]
     num_blocks = sum(pages) + 2
-    cache = indexer_cache(num_blocks, block_size, 24)
+    cache = indexer_cache(num_blocks, block_size, pad_bytes)
     table = torch.full((len(requests), max(pages)), -1, dtype=index_dtype)
     free = torch.randperm(num_blocks).tolist()
     for i, n in enumerate(pages):
@@ -43,9 +43,10 @@ def test_fused_equals_unfused(isa, k, requests):
     assert torch.equal(got, unfused(*args, k))
 
 
-@pytest.mark.parametrize("block_size", [1, 61, 256])
-def test_fused_page_sizes_holes_and_int64(block_size):
-    args = prefill_case([(1500, 9), (700, 8)], heads=64, block_size=block_size, index_dtype=torch.int64, holes=True)
+@pytest.mark.parametrize("block_size,pad_bytes", [(1, 24), (61, 24), (256, 24), (64, 0), (128, 0)])
+def test_fused_page_sizes_holes_and_int64(isa, block_size, pad_bytes):
+    args = prefill_case([(1500, 9), (700, 8)], heads=64, block_size=block_size, index_dtype=torch.int64, holes=True,
+                        pad_bytes=pad_bytes)
     assert torch.equal(ops.fp8_paged_mqa_topk(*args, k=512), unfused(*args, 512))
 
 

@@ -82,6 +82,20 @@ def test_paged_logits_mtp_clean_and_index_dtypes(isa, next_n, lens_2d, clean, in
     assert_logits_match(got, indexer.fp8_paged_mqa_logits(*args), torch.ones_like(valid) if clean else valid)
 
 
+@pytest.mark.parametrize("block_size", [64, 128])
+@pytest.mark.parametrize("heads,next_n", [(16, 1), (64, 1), (64, 2), (128, 1)])
+def test_paged_logits_whole_tile_pages(isa, block_size, heads, next_n):
+    """Pages of whole 64-entry tiles on 16-byte boundaries (the Hopper tier copies those in bulk), long enough rows
+    for several tiles per CTA, holes, both cleaning modes."""
+    lens = [1, 64, 700, 3000]
+    args = paged_case(len(lens), next_n, heads, block_size, lens, lens_2d=False, holes=True)
+    valid = row_valid_mask(args[3], next_n, args[6])
+    want = indexer.fp8_paged_mqa_logits(*args)
+    for clean in (True, False):
+        got = ops.fp8_paged_mqa_logits(*args, clean_logits=clean)
+        assert_logits_match(got, want, torch.ones_like(valid) if clean else valid)
+
+
 def test_paged_logits_long_context(isa):
     args = paged_case(1, 1, 64, 64, [16384], lens_2d=False)
     got = ops.fp8_paged_mqa_logits(*args, clean_logits=True)

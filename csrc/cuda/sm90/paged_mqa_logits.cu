@@ -17,8 +17,10 @@ constexpr int kThreads = 128;
 constexpr int kTileKeys = 64;
 constexpr int kDim = 128;  // indexer head dim
 constexpr int kSteps = kDim / 16;  // k16 steps over a key
-constexpr int kLaneBytes = kDim / 4;  // a quad lane's contiguous share of a key
+constexpr int kHalfBytes = kDim / 2;  // offset of a quad lane's second 16 bytes of a key
+constexpr int kStages = 4;  // bulk path: key tiles in flight per CTA
 constexpr int kMaxCols = 128;  // (query row, head) columns of one wgmma
+constexpr int64_t kMinTilesPerCta = kStages + 2;  // a CTA's ring turns over at least once
 constexpr int64_t kMaxTilesPerCta = 32;
 constexpr int64_t kTargetCtas = 1024;  // enough CTAs for every SM to hold several while one waits on memory
 constexpr int64_t kMaxGridY = 65535;
@@ -59,7 +61,7 @@ DSV4_DEVICE RowSetup row_setup(const PagedMqaTopkParams& p, int64_t g, int j) {
 // ---- keys: a thread loads the 32 bytes of its quad lane for token rows row0 and row0 + 8 of a tile ----
 
 struct KeyTile {
-  uint4 first[2], second[2];  // [row]: bytes [0, 16) and [16, 32) of the lane's share
+  uint4 first[2], second[2];  // [row]: the lane's two 16-byte pieces
   float scale[2];
   bool present[2];
 };
@@ -74,25 +76,52 @@ DSV4_SM90_DEVICE uint4 load_16(const uint8_t* p) {
   }
 }
 
-// Rows of tile t0 at or past key_end, on missing pages or of an invalid request are absent (zero codes).
-template <bool kVector, typename Params>
-DSV4_SM90_DEVICE KeyTile load_keys(const Params& p, int64_t request, int64_t t0, int64_t key_end, int row0,
-                                   int lane_c) {
-  KeyTile k;
+// Where the token rows row0 and row0 + 8 of tile t0 live: block -1 when at or past key_end, on a missing page or
+// of an invalid request. Positions fit 32 bits (covered() bounds the width).
+struct KeyLookup {
+  int64_t block[2];
+  uint32_t entry[2];
+};
+
+template <typename Params>
+DSV4_SM90_DEVICE KeyLookup lookup_keys(const Params& p, int64_t request, int64_t t0, int64_t key_end, int row0) {
+  KeyLookup l;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int64_t pos = t0 + row0 + 8 * i;
-    int64_t scale_at = 0;
-    const int64_t at = request >= 0 && pos < key_end
-                           ? paged_key_offset(p.cache, p.block_table, request, p.max_blocks, kDim, pos, scale_at)
-                           : -1;
-    k.present[i] = at >= 0;
+    const uint32_t page = uint32_t(pos) / uint32_t(p.cache.block_size);
+    l.entry[i] = uint32_t(pos) - page * uint32_t(p.cache.block_size);
+    l.block[i] = request >= 0 && pos < key_end && page < p.max_blocks ? index_at(p.block_table, request, page) : -1;
+  }
+  return l;
+}
+
+DSV4_SM90_DEVICE bool present(const PagedCache& cache, int64_t block) { return block >= 0 && block < cache.num_blocks; }
+
+// Pulls the lines of a looked-up tile into L2 (one lane per key row, another for its scale) ahead of the loads.
+DSV4_SM90_DEVICE void prefetch_keys(const PagedCache& cache, const KeyLookup& l, int lane_c) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (!present(cache, l.block[i]) || lane_c > 1) continue;
+    const uint8_t* page = cache.base + l.block[i] * cache.block_stride;
+    const uint8_t* line = lane_c == 0 ? page + l.entry[i] * kDim : page + cache.block_size * kDim + 4 * l.entry[i];
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(line));
+  }
+}
+
+template <bool kVector>
+DSV4_SM90_DEVICE KeyTile load_keys(const PagedCache& cache, const KeyLookup& l, int lane_c) {
+  KeyTile k;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    k.present[i] = present(cache, l.block[i]);
     k.first[i] = k.second[i] = make_uint4(0u, 0u, 0u, 0u);
     k.scale[i] = 0.0f;
-    if (at >= 0) {
-      const uint8_t* key = p.cache.base + at + lane_c * kLaneBytes;
-      k.first[i] = load_16<kVector>(key), k.second[i] = load_16<kVector>(key + 16);
-      k.scale[i] = __ldg(reinterpret_cast<const float*>(p.cache.base + scale_at));
+    if (k.present[i]) {
+      const uint8_t* page = cache.base + l.block[i] * cache.block_stride;
+      const uint8_t* key = page + l.entry[i] * kDim + lane_c * 16;
+      k.first[i] = load_16<kVector>(key), k.second[i] = load_16<kVector>(key + kHalfBytes);
+      k.scale[i] = __ldg(reinterpret_cast<const float*>(page + cache.block_size * kDim + 4 * l.entry[i]));
     }
   }
   return k;
@@ -105,11 +134,13 @@ DSV4_SM90_DEVICE uint32_t e4m3x2_to_f16x2(uint32_t codes) {
   return r;
 }
 
-// Logical dim k (k16 step s = k / 16) lives at byte lane * 32 + 4 s + e of a key, where the A fragment puts
-// logical dims 2 lane, 2 lane + 1 (e = 0, 1) and 2 lane + 8, 2 lane + 9 (e = 2, 3) of step s in that lane.
+// Quad lane c holds bytes [16 c, 16 c + 16) and [64 + 16 c, 80 + 16 c) of a key (a warp's loads cover whole
+// sectors), word s of them feeding k16 step s. Logical dim k (step s = k / 16) lives at byte 4 (s % 4) + e of
+// the half s / 4 of lane c's share, where the A fragment puts logical dims 2c, 2c + 1 (e = 0, 1) and 2c + 8,
+// 2c + 9 (e = 2, 3) of step s in lane c.
 DSV4_SM90_DEVICE int physical_dim(int k) {
-  const int s = k / 16, kl = k % 16;
-  return ((kl & 7) >> 1) * kLaneBytes + 4 * s + (kl & 1) + 2 * (kl >> 3);
+  const int s = k / 16, kl = k % 16, c = (kl & 7) >> 1;
+  return (s / 4) * (kDim / 2) + c * 16 + 4 * (s % 4) + (kl & 1) + 2 * (kl >> 3);
 }
 
 // Byte offset of 16-byte chunk c (logical dims 8c .. 8c + 7) of column n in the q tile: two 64-dim slabs of kCols
@@ -181,75 +212,178 @@ DSV4_SM90_DEVICE void score_tile(const KeyTile& k, uint32_t q_base, float (&d)[k
     for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(d[t][i])::"memory");  // read only after the wait
 }
 
+// Shared state of a scoring CTA; the key ring and its barriers serve the bulk path only.
+template <int kCols, int kRows>
+struct ScoreSmem {
+  alignas(1024) uint8_t q_tile[kCols * kDim * 2];
+  alignas(128) uint8_t keys[kStages][kTileKeys * kDim];
+  alignas(16) float scales[kStages][kTileKeys];
+  alignas(8) uint64_t full[kStages];
+  int tile_valid[kStages];
+  int64_t blocks[kMaxTilesPerCta];
+  float weights[kCols];
+  int64_t rows[kRows], lengths[kRows];
+  float* outs[kRows];
+};
+
+// Scores tile t0 from the keys in `cur` and writes the rows' logits (-inf for missing keys; when cleaning, -inf
+// past a row's length).
+template <int kHeadsPad, int kCols, typename Smem>
+DSV4_SM90_DEVICE void finish_tile(const Smem& s, const KeyTile& cur, uint32_t q_base, int64_t t0, int64_t c1,
+                                  bool clean, int row0, int lane_c) {
+  constexpr int kRows = kCols / kHeadsPad;
+  float d[kCols / 8][4];
+  score_tile<kCols>(cur, q_base, d);
+  float totals[kRows][2];
+#pragma unroll
+  for (int j = 0; j < kRows; ++j)
+#pragma unroll
+    for (int tok = 0; tok < 2; ++tok) {
+      float total = 0.0f;
+#pragma unroll
+      for (int h8 = 0; h8 < kHeadsPad / 8; ++h8) {
+        const int n8 = j * kHeadsPad / 8 + h8;
+        const float2 w = *reinterpret_cast<const float2*>(&s.weights[8 * n8 + 2 * lane_c]);
+        total += w.x * fmaxf(d[n8][2 * tok], 0.0f) + w.y * fmaxf(d[n8][2 * tok + 1], 0.0f);  // NaN dots count 0
+      }
+      total += __shfl_xor_sync(0xffffffffu, total, 1);
+      totals[j][tok] = total + __shfl_xor_sync(0xffffffffu, total, 2);
+    }
+#pragma unroll
+  for (int j = 0; j < kRows; ++j)
+#pragma unroll
+    for (int tok = 0; tok < 2; ++tok) {
+      const int64_t pos = t0 + row0 + 8 * tok;
+      if (((2 * j + tok) & 3) != lane_c || s.outs[j] == nullptr) continue;  // a quad's lanes share the writes
+      if (pos < s.lengths[j]) {
+        s.outs[j][pos] = cur.present[tok] ? totals[j][tok] * cur.scale[tok] : -INFINITY;
+      } else if (clean && pos < c1) {
+        s.outs[j][pos] = -INFINITY;
+      }
+    }
+}
+
+// A tile past every row's length: only -inf, and only when cleaning.
+template <int kRows, typename Smem>
+DSV4_SM90_DEVICE void clean_tile(const Smem& s, int64_t t0, int64_t c1) {
+  for (int i = threadIdx.x; i < kRows * kTileKeys; i += kThreads) {
+    const int64_t pos = t0 + i % kTileKeys;
+    if (s.outs[i / kTileKeys] != nullptr && pos < c1) s.outs[i / kTileKeys][pos] = -INFINITY;
+  }
+}
+
+// Register path (any page size): the block table two tiles ahead, L2 prefetches one and a half, loads one.
+template <int kHeadsPad, int kCols, bool kVector, typename Params, typename Smem>
+DSV4_SM90_DEVICE void score_chunk_registers(const Params& p, const Smem& s, int64_t request, int64_t c0, int64_t c1,
+                                            int64_t longest, bool clean, int row0, int lane_c) {
+  const int64_t key_end = std::min(longest, c1);
+  const uint32_t q_base = shared_address(s.q_tile);
+  KeyLookup ahead1 = lookup_keys(p, request, c0 + kTileKeys, key_end, row0);
+  KeyLookup ahead2 = lookup_keys(p, request, c0 + 2 * kTileKeys, key_end, row0);
+  KeyTile cur = load_keys<kVector>(p.cache, lookup_keys(p, request, c0, key_end, row0), lane_c);
+  for (int64_t t0 = c0; t0 < c1; t0 += kTileKeys) {
+    const KeyLookup ahead3 = lookup_keys(p, request, t0 + 3 * kTileKeys, key_end, row0);
+    prefetch_keys(p.cache, ahead2, lane_c);
+    const KeyTile next = load_keys<kVector>(p.cache, ahead1, lane_c);
+    ahead1 = ahead2, ahead2 = ahead3;
+    if (t0 < longest) {  // uniform
+      finish_tile<kHeadsPad, kCols>(s, cur, q_base, t0, c1, clean, row0, lane_c);
+    } else {
+      clean_tile<kCols / kHeadsPad>(s, t0, c1);
+    }
+    cur = next;
+  }
+}
+
+// Bulk path (pages of a multiple of 64 entries, 16-byte aligned): a tile is 8 KB of codes and 256 bytes of scales
+// inside one page, copied by two bulk copies kStages tiles ahead into a ring; `consumed` counts the CTA's tiles
+// (ring slot and barrier phase).
+template <int kHeadsPad, int kCols, typename Params, typename Smem>
+DSV4_SM90_DEVICE void score_chunk_bulk(const Params& p, Smem& s, int64_t request, int64_t c0, int64_t c1,
+                                       int64_t longest, bool clean, int row0, int lane_c, uint32_t& consumed) {
+  const int64_t key_end = std::min(longest, c1), tiles = (c1 - c0 + kTileKeys - 1) / kTileKeys;
+  const int64_t bs = p.cache.block_size;
+  for (int64_t k = threadIdx.x; k < tiles; k += kThreads) {  // every tile's page, in one round of loads
+    const int64_t t0 = c0 + k * kTileKeys, page = t0 / bs;
+    const int64_t block = request >= 0 && t0 < key_end && page < p.max_blocks ? index_at(p.block_table, request, page)
+                                                                                : -1;
+    s.blocks[k] = block >= 0 && block < p.cache.num_blocks ? block : -1;
+  }
+  __syncthreads();
+  const auto issue = [&](int64_t k) {  // thread 0
+    const uint32_t slot = (consumed + k) % kStages, bar = shared_address(&s.full[slot]);
+    const int64_t block = s.blocks[k], entry = (c0 + k * kTileKeys) % bs;
+    s.tile_valid[slot] = block >= 0;
+    if (block < 0) return mbarrier_arrive(bar);
+    const uint8_t* page = p.cache.base + block * p.cache.block_stride;
+    mbarrier_arrive_expect_tx(bar, sizeof(s.keys[0]) + sizeof(s.scales[0]));
+    bulk_copy_to_shared(shared_address(s.keys[slot]), page + entry * kDim, sizeof(s.keys[0]), bar);
+    bulk_copy_to_shared(shared_address(s.scales[slot]), page + bs * kDim + 4 * entry, sizeof(s.scales[0]), bar);
+  };
+  if (threadIdx.x == 0)
+    for (int64_t k = 0; k < std::min<int64_t>(kStages, tiles); ++k) issue(k);
+  const uint32_t q_base = shared_address(s.q_tile);
+  for (int64_t k = 0; k < tiles; ++k) {
+    const uint32_t slot = (consumed + k) % kStages;
+    mbarrier_wait(shared_address(&s.full[slot]), ((consumed + k) / kStages) & 1);
+    const int64_t t0 = c0 + k * kTileKeys;
+    if (t0 < longest) {  // uniform
+      KeyTile cur;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int r = row0 + 8 * i;
+        const uint8_t* key = s.keys[slot] + r * kDim + lane_c * 16;
+        cur.first[i] = *reinterpret_cast<const uint4*>(key);
+        cur.second[i] = *reinterpret_cast<const uint4*>(key + kHalfBytes);
+        cur.scale[i] = s.scales[slot][r];
+        cur.present[i] = s.tile_valid[slot] != 0 && t0 + r < key_end;
+      }
+      finish_tile<kHeadsPad, kCols>(s, cur, q_base, t0, c1, clean, row0, lane_c);
+    } else {
+      clean_tile<kCols / kHeadsPad>(s, t0, c1);
+    }
+    __syncthreads();  // the slot is read by every thread: refill it
+    if (threadIdx.x == 0 && k + kStages < tiles) issue(k + kStages);
+  }
+  consumed += uint32_t(tiles);
+}
+
+enum class KeyPath { words, vectors, bulk };
+
 // Grid (position chunks, groups): CTA (x, g) scores positions [x, x + 1) * tiles_per_cta * 64 of group g's rows.
-template <int kHeadsPad, int kCols, bool kVector, typename Params>
+template <int kHeadsPad, int kCols, KeyPath kPath, typename Params>
 __global__ void __launch_bounds__(kThreads) indexer_scores_kernel(const Params p, int64_t tiles_per_cta) {
   constexpr int kRows = kCols / kHeadsPad;
-  __shared__ __align__(1024) uint8_t q_tile[kCols * kDim * 2];
-  __shared__ float weights[kCols];
-  __shared__ int64_t rows[kRows], lengths[kRows];
-  __shared__ float* outs[kRows];
+  using Smem = ScoreSmem<kCols, kRows>;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  Smem& s = *reinterpret_cast<Smem*>(smem_raw + (1024 - shared_address(smem_raw) % 1024) % 1024);
   const int t = threadIdx.x, lane = t % 32, lane_c = lane % 4, row0 = 16 * (t / 32) + lane / 4;
   const int64_t width = output_width(p), c0 = int64_t(blockIdx.x) * tiles_per_cta * kTileKeys;
   const int64_t c1 = std::min(c0 + tiles_per_cta * kTileKeys, width);
   const bool clean = cleans(p);
-  const uint32_t q_base = shared_address(q_tile);
+  if (kPath == KeyPath::bulk && t < kStages) mbarrier_init(shared_address(&s.full[t]), 1);
+  fence_barrier_init();
+  uint32_t consumed = 0;
   for (int64_t g = blockIdx.y; g < groups(p); g += gridDim.y) {
     __syncthreads();  // the previous group's q tile and rows are no longer read
     if (t < kRows) {
       const RowSetup r = row_setup(p, g, t);
-      rows[t] = r.row, lengths[t] = r.length, outs[t] = r.out;
+      s.rows[t] = r.row, s.lengths[t] = r.length, s.outs[t] = r.out;
     }
     __syncthreads();
-    store_queries<kHeadsPad, kCols>(p, rows, q_tile, weights);
+    store_queries<kHeadsPad, kCols>(p, s.rows, s.q_tile, s.weights);
     fence_async_shared();  // the q tile's generic stores, before wgmma reads them
     __syncthreads();
     int64_t longest = 0;
 #pragma unroll
-    for (int j = 0; j < kRows; ++j) longest = std::max(longest, lengths[j]);
+    for (int j = 0; j < kRows; ++j) longest = std::max(longest, s.lengths[j]);
     if (c0 >= longest && !clean) continue;  // uniform: nothing to score or write
-    const int64_t request = group_request(p, g), key_end = std::min(longest, c1);
-    KeyTile cur = load_keys<kVector>(p, request, c0, key_end, row0, lane_c);
-    for (int64_t t0 = c0; t0 < c1; t0 += kTileKeys) {
-      const KeyTile next = load_keys<kVector>(p, request, t0 + kTileKeys, key_end, row0, lane_c);
-      if (t0 >= longest) {  // uniform: only -inf past every row's length
-        for (int i = t; i < kRows * kTileKeys; i += kThreads) {
-          const int64_t pos = t0 + i % kTileKeys;
-          if (outs[i / kTileKeys] != nullptr && pos < c1) outs[i / kTileKeys][pos] = -INFINITY;
-        }
-        cur = next;
-        continue;
-      }
-      float d[kCols / 8][4];
-      score_tile<kCols>(cur, q_base, d);
-      float totals[kRows][2];
-#pragma unroll
-      for (int j = 0; j < kRows; ++j)
-#pragma unroll
-        for (int tok = 0; tok < 2; ++tok) {
-          float total = 0.0f;
-#pragma unroll
-          for (int h8 = 0; h8 < kHeadsPad / 8; ++h8) {
-            const int n8 = j * kHeadsPad / 8 + h8;
-            const float2 w = *reinterpret_cast<const float2*>(&weights[8 * n8 + 2 * lane_c]);
-            total += w.x * fmaxf(d[n8][2 * tok], 0.0f) + w.y * fmaxf(d[n8][2 * tok + 1], 0.0f);  // NaN dots count 0
-          }
-          total += __shfl_xor_sync(0xffffffffu, total, 1);
-          totals[j][tok] = total + __shfl_xor_sync(0xffffffffu, total, 2);
-        }
-#pragma unroll
-      for (int j = 0; j < kRows; ++j)
-#pragma unroll
-        for (int tok = 0; tok < 2; ++tok) {
-          const int64_t pos = t0 + row0 + 8 * tok;
-          if (((2 * j + tok) & 3) != lane_c || outs[j] == nullptr) continue;  // a quad's lanes share the writes
-          if (pos < lengths[j]) {
-            outs[j][pos] = cur.present[tok] ? totals[j][tok] * cur.scale[tok] : -INFINITY;
-          } else if (clean && pos < c1) {
-            outs[j][pos] = -INFINITY;
-          }
-        }
-      cur = next;
+    const int64_t request = group_request(p, g);
+    if constexpr (kPath == KeyPath::bulk) {
+      score_chunk_bulk<kHeadsPad, kCols>(p, s, request, c0, c1, longest, clean, row0, lane_c, consumed);
+    } else {
+      score_chunk_registers<kHeadsPad, kCols, kPath == KeyPath::vectors>(p, s, request, c0, c1, longest, clean,
+                                                                         row0, lane_c);
     }
   }
 }
@@ -262,29 +396,34 @@ int heads_padded(int64_t heads) { return heads <= 16 ? 16 : heads <= 32 ? 32 : h
 bool covered(int64_t heads, int64_t head_dim, int64_t rows_per_group, const PagedCache& cache) {
   const int64_t cols = int64_t(heads_padded(heads)) * rows_per_group;
   const bool word_aligned = ((reinterpret_cast<uintptr_t>(cache.base) | uintptr_t(cache.block_stride)) & 3u) == 0;
-  return head_dim == kDim && heads >= 1 && heads <= kMaxCols && cols <= kMaxCols && word_aligned;
+  return head_dim == kDim && heads >= 1 && heads <= kMaxCols && cols <= kMaxCols && word_aligned &&
+         cache.block_size >= 1;
 }
 
-template <int kHeadsPad, int kCols, bool kVector, typename Params>
+template <int kHeadsPad, int kCols, KeyPath kPath, typename Params>
 cudaError_t launch_scores(const Params& p, int64_t num_groups, int64_t width, cudaStream_t stream) {
   const int64_t tiles = (width + kTileKeys - 1) / kTileKeys;
-  const int64_t per_cta = std::clamp((tiles * num_groups + kTargetCtas - 1) / kTargetCtas, int64_t(1),
+  const int64_t per_cta = std::clamp((tiles * num_groups + kTargetCtas - 1) / kTargetCtas, kMinTilesPerCta,
                                      kMaxTilesPerCta);
   const dim3 grid(unsigned((tiles + per_cta - 1) / per_cta), unsigned(std::min(num_groups, kMaxGridY)));
-  indexer_scores_kernel<kHeadsPad, kCols, kVector><<<grid, kThreads, 0, stream>>>(p, per_cta);
+  const auto kernel = indexer_scores_kernel<kHeadsPad, kCols, kPath, Params>;
+  constexpr int kSmemBytes = int(sizeof(ScoreSmem<kCols, kCols / kHeadsPad>)) + 1024;  // + alignment slack
+  const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (attr != cudaSuccess) return attr;
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(p, per_cta);
   return cudaGetLastError();
 }
 
-template <bool kVector, typename Params>
+template <KeyPath kPath, typename Params>
 cudaError_t dispatch_scores(const Params& p, int64_t rows_per_group, int64_t num_groups, int64_t width,
                             cudaStream_t stream) {
   const int padded = heads_padded(p.num_heads);
   const bool wide = padded * rows_per_group > 64;
-  if (padded == 16) return launch_scores<16, 64, kVector>(p, num_groups, width, stream);
-  if (padded == 32) return launch_scores<32, 64, kVector>(p, num_groups, width, stream);
-  if (padded == 64 && !wide) return launch_scores<64, 64, kVector>(p, num_groups, width, stream);
-  if (padded == 64) return launch_scores<64, 128, kVector>(p, num_groups, width, stream);
-  return launch_scores<128, 128, kVector>(p, num_groups, width, stream);
+  if (padded == 16) return launch_scores<16, 64, kPath>(p, num_groups, width, stream);
+  if (padded == 32) return launch_scores<32, 64, kPath>(p, num_groups, width, stream);
+  if (padded == 64 && !wide) return launch_scores<64, 64, kPath>(p, num_groups, width, stream);
+  if (padded == 64) return launch_scores<64, 128, kPath>(p, num_groups, width, stream);
+  return launch_scores<128, 128, kPath>(p, num_groups, width, stream);
 }
 
 template <typename Params>
@@ -292,8 +431,11 @@ cudaError_t launch_indexer_scores(const Params& p, int64_t rows_per_group, int64
                                   cudaStream_t stream) {
   if (num_groups <= 0 || width <= 0) return cudaSuccess;
   const bool vector = ((reinterpret_cast<uintptr_t>(p.cache.base) | uintptr_t(p.cache.block_stride)) & 15u) == 0;
-  if (vector) return dispatch_scores<true>(p, rows_per_group, num_groups, width, stream);
-  return dispatch_scores<false>(p, rows_per_group, num_groups, width, stream);
+  if (vector && p.cache.block_size % kTileKeys == 0) {
+    return dispatch_scores<KeyPath::bulk>(p, rows_per_group, num_groups, width, stream);
+  }
+  if (vector) return dispatch_scores<KeyPath::vectors>(p, rows_per_group, num_groups, width, stream);
+  return dispatch_scores<KeyPath::words>(p, rows_per_group, num_groups, width, stream);
 }
 
 // Index view of rows [first, ...) of v.
@@ -311,6 +453,7 @@ cudaError_t launch_fp8_paged_mqa_logits_sm90(const PagedMqaLogitsParams& p, cuda
   using namespace sm90;
   // Columns of 16 heads or more pad small next_n * heads up to 64: the portable tier takes wider groups.
   if (!covered(p.num_heads, p.head_dim, p.next_n, p.cache) || p.batch * p.next_n <= 0 || p.max_context_len <= 0 ||
+      p.max_context_len > INT32_MAX ||
       (heads_padded(p.num_heads) < 64 && heads_padded(p.num_heads) * p.next_n > 64)) {
     return launch_fp8_paged_mqa_logits(p, stream);
   }

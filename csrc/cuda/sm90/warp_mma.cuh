@@ -53,6 +53,20 @@ DSV4_SM90_DEVICE void mbarrier_wait(uint32_t bar, uint32_t parity) {
       : "memory");
 }
 
+// Arrives and adds `bytes` to the transactions the current phase waits for (bulk copies complete them).
+DSV4_SM90_DEVICE void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Makes barrier initialisations visible to the async proxy (bulk copies) before first use.
+DSV4_SM90_DEVICE void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+
+// Bulk global -> shared copy of `bytes` (multiple of 16, both ends 16-byte aligned), completing on barrier `bar`.
+DSV4_SM90_DEVICE void bulk_copy_to_shared(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
 // Orders this thread's earlier shared-memory stores before later wgmma reads of them (after a barrier).
 DSV4_SM90_DEVICE void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
