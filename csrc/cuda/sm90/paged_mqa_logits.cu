@@ -173,11 +173,11 @@ DSV4_SM90_DEVICE void store_queries(const Params& p, const int64_t* rows, uint8_
 }
 
 template <int kCols>
-DSV4_SM90_DEVICE void wgmma_f16_rs(float (&d)[kCols / 8][4], const uint32_t (&a)[4], uint64_t b) {
+DSV4_SM90_DEVICE void wgmma_f16_rs(float (&d)[kCols / 8][4], const uint32_t (&a)[4], uint64_t b, uint32_t accumulate) {
   if constexpr (kCols == 64) {
-    wgmma_64x64x16_f16_rs(d, a, b);
+    wgmma_64x64x16_f16_rs(d, a, b, accumulate);
   } else {
-    wgmma_64x128x16_f16_rs(d, a, b);
+    wgmma_64x128x16_f16_rs(d, a, b, accumulate);
   }
 }
 
@@ -194,15 +194,11 @@ DSV4_SM90_DEVICE void score_tile(const KeyTile& k, uint32_t q_base, float (&d)[k
     a[s][0] = e4m3x2_to_f16x2(w0[s]), a[s][1] = e4m3x2_to_f16x2(w1[s]);
     a[s][2] = e4m3x2_to_f16x2(w0[s] >> 16), a[s][3] = e4m3x2_to_f16x2(w1[s] >> 16);
   }
-#pragma unroll
-  for (int t = 0; t < kCols / 8; ++t)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) d[t][i] = 0.0f;
   wgmma_fence();
 #pragma unroll
-  for (int s = 0; s < kSteps; ++s) {
+  for (int s = 0; s < kSteps; ++s) {  // the first step overwrites d
     const uint32_t address = q_base + (s / 4) * kCols * 128 + (s % 4) * 32;
-    wgmma_f16_rs<kCols>(d, a[s], swizzled_descriptor(address, 16, kSwizzleAtomBytes));
+    wgmma_f16_rs<kCols>(d, a[s], swizzled_descriptor(address, 16, kSwizzleAtomBytes), s > 0);
   }
   wgmma_commit();
   wgmma_wait_all();
@@ -228,9 +224,33 @@ struct ScoreSmem {
 
 // Scores tile t0 from the keys in `cur` and writes the rows' logits (-inf for missing keys; when cleaning, -inf
 // past a row's length).
+// The weights of a thread's columns (8 n8 + 2 lane_c, + 1) for the group: in registers for 64 columns, read from
+// shared memory per tile for 128 (their registers would cost the 128-column kernels occupancy).
+template <int kCols>
+struct ColumnWeights {
+  static constexpr int kHeld = kCols == 64 ? kCols / 8 : 0;
+  float2 held[kHeld > 0 ? kHeld : 1];
+  const float* shared;
+  int lane_c;
+  DSV4_SM90_DEVICE float2 operator[](int n8) const {
+    if constexpr (kHeld > 0) return held[n8];
+    return *reinterpret_cast<const float2*>(&shared[8 * n8 + 2 * lane_c]);
+  }
+};
+
+template <int kCols, typename Smem>
+DSV4_SM90_DEVICE ColumnWeights<kCols> column_weights(const Smem& s, int lane_c) {
+  ColumnWeights<kCols> cw;
+  cw.shared = s.weights, cw.lane_c = lane_c;
+#pragma unroll
+  for (int n8 = 0; n8 < ColumnWeights<kCols>::kHeld; ++n8)
+    cw.held[n8] = *reinterpret_cast<const float2*>(&s.weights[8 * n8 + 2 * lane_c]);
+  return cw;
+}
+
 template <int kHeadsPad, int kCols, typename Smem>
-DSV4_SM90_DEVICE void finish_tile(const Smem& s, const KeyTile& cur, uint32_t q_base, int64_t t0, int64_t c1,
-                                  bool clean, int row0, int lane_c) {
+DSV4_SM90_DEVICE void finish_tile(const Smem& s, const ColumnWeights<kCols>& cw, const KeyTile& cur, uint32_t q_base,
+                                  int64_t t0, int64_t c1, bool clean, int row0, int lane_c) {
   constexpr int kRows = kCols / kHeadsPad;
   float d[kCols / 8][4];
   score_tile<kCols>(cur, q_base, d);
@@ -243,7 +263,7 @@ DSV4_SM90_DEVICE void finish_tile(const Smem& s, const KeyTile& cur, uint32_t q_
 #pragma unroll
       for (int h8 = 0; h8 < kHeadsPad / 8; ++h8) {
         const int n8 = j * kHeadsPad / 8 + h8;
-        const float2 w = *reinterpret_cast<const float2*>(&s.weights[8 * n8 + 2 * lane_c]);
+        const float2 w = cw[n8];
         total += w.x * fmaxf(d[n8][2 * tok], 0.0f) + w.y * fmaxf(d[n8][2 * tok + 1], 0.0f);  // NaN dots count 0
       }
       total += __shfl_xor_sync(0xffffffffu, total, 1);
@@ -278,6 +298,7 @@ DSV4_SM90_DEVICE void score_chunk_registers(const Params& p, const Smem& s, int6
                                             int64_t longest, bool clean, int row0, int lane_c) {
   const int64_t key_end = std::min(longest, c1);
   const uint32_t q_base = shared_address(s.q_tile);
+  const ColumnWeights<kCols> cw = column_weights<kCols>(s, lane_c);
   KeyLookup ahead1 = lookup_keys(p, request, c0 + kTileKeys, key_end, row0);
   KeyLookup ahead2 = lookup_keys(p, request, c0 + 2 * kTileKeys, key_end, row0);
   KeyTile cur = load_keys<kVector>(p.cache, lookup_keys(p, request, c0, key_end, row0), lane_c);
@@ -287,7 +308,7 @@ DSV4_SM90_DEVICE void score_chunk_registers(const Params& p, const Smem& s, int6
     const KeyTile next = load_keys<kVector>(p.cache, ahead1, lane_c);
     ahead1 = ahead2, ahead2 = ahead3;
     if (t0 < longest) {  // uniform
-      finish_tile<kHeadsPad, kCols>(s, cur, q_base, t0, c1, clean, row0, lane_c);
+      finish_tile<kHeadsPad, kCols>(s, cw, cur, q_base, t0, c1, clean, row0, lane_c);
     } else {
       clean_tile<kCols / kHeadsPad>(s, t0, c1);
     }
@@ -323,6 +344,7 @@ DSV4_SM90_DEVICE void score_chunk_bulk(const Params& p, Smem& s, int64_t request
   if (threadIdx.x == 0)
     for (int64_t k = 0; k < std::min<int64_t>(kStages, tiles); ++k) issue(k);
   const uint32_t q_base = shared_address(s.q_tile);
+  const ColumnWeights<kCols> cw = column_weights<kCols>(s, lane_c);
   for (int64_t k = 0; k < tiles; ++k) {
     const uint32_t slot = (consumed + k) % kStages;
     mbarrier_wait(shared_address(&s.full[slot]), ((consumed + k) / kStages) & 1);
@@ -338,7 +360,7 @@ DSV4_SM90_DEVICE void score_chunk_bulk(const Params& p, Smem& s, int64_t request
         cur.scale[i] = s.scales[slot][r];
         cur.present[i] = s.tile_valid[slot] != 0 && t0 + r < key_end;
       }
-      finish_tile<kHeadsPad, kCols>(s, cur, q_base, t0, c1, clean, row0, lane_c);
+      finish_tile<kHeadsPad, kCols>(s, cw, cur, q_base, t0, c1, clean, row0, lane_c);
     } else {
       clean_tile<kCols / kHeadsPad>(s, t0, c1);
     }

@@ -57,9 +57,10 @@ DSV4_SM90_DEVICE void wgmma_64x64x16_rs_tn(float (&d)[kTiles][4], const uint32_t
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 
-// d (64 x 64) += A (64 x 16 f16 in registers, mma.sync A layout per warp) * B (16 x 64 given as 64 x 16,
+// d (64 x 64) = A B + (accumulate ? d : 0), A (64 x 16 f16 in registers, mma.sync A layout per warp) * B (16 x 64 given as 64 x 16,
 // K-major smem).
-DSV4_SM90_DEVICE void wgmma_64x64x16_f16_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b) {
+DSV4_SM90_DEVICE void wgmma_64x64x16_f16_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b,
+                                           uint32_t accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
@@ -74,12 +75,13 @@ DSV4_SM90_DEVICE void wgmma_64x64x16_f16_rs(float (&d)[8][4], const uint32_t (&a
         "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
         "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
         "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
 
-// d (64 x 128) += A (64 x 16 f16 in registers, mma.sync A layout per warp) * B (16 x 128 given as 128 x 16,
+// d (64 x 128) = A B + (accumulate ? d : 0), A (64 x 16 f16 in registers, mma.sync A layout per warp) * B (16 x 128 given as 128 x 16,
 // K-major smem).
-DSV4_SM90_DEVICE void wgmma_64x128x16_f16_rs(float (&d)[16][4], const uint32_t (&a)[4], uint64_t b) {
+DSV4_SM90_DEVICE void wgmma_64x128x16_f16_rs(float (&d)[16][4], const uint32_t (&a)[4], uint64_t b,
+                                           uint32_t accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
@@ -104,7 +106,7 @@ DSV4_SM90_DEVICE void wgmma_64x128x16_f16_rs(float (&d)[16][4], const uint32_t (
         "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
         "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
         "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
 
 }  // namespace dsv4::cuda::sm90
