@@ -21,8 +21,8 @@ constexpr int kHalfBytes = kDim / 2;  // offset of a quad lane's second 16 bytes
 constexpr int kStages = 4;  // bulk path: key tiles in flight per CTA
 constexpr int kMaxCols = 128;  // (query row, head) columns of one wgmma
 constexpr int64_t kMinTilesPerCta = kStages + 2;  // a CTA's ring turns over at least once
-constexpr int64_t kMaxTilesPerCta = 32;
-constexpr int64_t kTargetCtas = 1024;  // enough CTAs for every SM to hold several while one waits on memory
+constexpr int64_t kMaxTilesPerCta = 64;
+constexpr int64_t kTargetCtas = 640;  // about one wave of four or five CTAs per SM: long chunks, little tail
 constexpr int64_t kMaxGridY = 65535;
 
 // ---- the two jobs: a request's next_n rows (paged logits) or one prefill row (fused top-k), per CTA group ----
