@@ -22,7 +22,6 @@ constexpr int kStages = 4;  // bulk path: key tiles in flight per CTA
 constexpr int kMaxCols = 128;  // (query row, head) columns of one wgmma
 constexpr int64_t kMinTilesPerCta = kStages + 2;  // a CTA's ring turns over at least once
 constexpr int64_t kMaxTilesPerCta = 64;
-constexpr int64_t kTargetCtas = 640;  // about one wave of four or five CTAs per SM: long chunks, little tail
 constexpr int64_t kMaxGridY = 65535;
 
 // ---- the two jobs: a request's next_n rows (paged logits) or one prefill row (fused top-k), per CTA group ----
@@ -422,16 +421,25 @@ bool covered(int64_t heads, int64_t head_dim, int64_t rows_per_group, const Page
          cache.block_size >= 1;
 }
 
+// Chunks of equal length in whole waves: CTAs resident at once times the fewest waves that keep chunks within
+// kMaxTilesPerCta, spread over the groups' rows of tiles.
 template <int kHeadsPad, int kCols, KeyPath kPath, typename Params>
 cudaError_t launch_scores(const Params& p, int64_t num_groups, int64_t width, cudaStream_t stream) {
-  const int64_t tiles = (width + kTileKeys - 1) / kTileKeys;
-  const int64_t per_cta = std::clamp((tiles * num_groups + kTargetCtas - 1) / kTargetCtas, kMinTilesPerCta,
-                                     kMaxTilesPerCta);
-  const dim3 grid(unsigned((tiles + per_cta - 1) / per_cta), unsigned(std::min(num_groups, kMaxGridY)));
   const auto kernel = indexer_scores_kernel<kHeadsPad, kCols, kPath, Params>;
   constexpr int kSmemBytes = int(sizeof(ScoreSmem<kCols, kCols / kHeadsPad>)) + 1024;  // + alignment slack
-  const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  if (attr != cudaSuccess) return attr;
+  cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  int device = 0, sms = 0, per_sm = 0;
+  if (status == cudaSuccess) status = cudaGetDevice(&device);
+  if (status == cudaSuccess) status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (status == cudaSuccess) {
+    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kSmemBytes);
+  }
+  if (status != cudaSuccess) return status;
+  const int64_t tiles = (width + kTileKeys - 1) / kTileKeys, slots = std::max<int64_t>(1, int64_t(sms) * per_sm);
+  const int64_t waves = (tiles * num_groups + slots * kMaxTilesPerCta - 1) / (slots * kMaxTilesPerCta);
+  const int64_t chunks = std::max<int64_t>(1, waves * slots / num_groups);
+  const int64_t per_cta = std::clamp((tiles + chunks - 1) / chunks, kMinTilesPerCta, kMaxTilesPerCta);
+  const dim3 grid(unsigned((tiles + per_cta - 1) / per_cta), unsigned(std::min(num_groups, kMaxGridY)));
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(p, per_cta);
   return cudaGetLastError();
 }
