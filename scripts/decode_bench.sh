@@ -15,7 +15,7 @@ if [ ! -x "$OUT_DIR/decode_bench" ] || [ -n "$(find csrc tools -newer "$OUT_DIR/
     nvcc "${common[@]}" --fmad=false -gencode arch=compute_90,code=sm_90 -c "$src" \
       -o "$OUT_DIR/portable_$(basename "$src" .cu).o" & pids+=($!)
   done
-  for src in csrc/cuda/sm90/*.cu tools/decode_bench.cu; do
+  for src in csrc/cuda/sm90/sparse_mla_decode.cu tools/decode_bench.cu; do
     nvcc "${common[@]}" -DDSV4_HAVE_SM90 -Xptxas=-v -gencode arch=compute_90a,code=sm_90a -c "$src" \
       -o "$OUT_DIR/$(basename "$src" .cu).o" 2> "$OUT_DIR/$(basename "$src" .cu).ptxas" & pids+=($!)
   done
