@@ -1,11 +1,11 @@
 // Hopper tier of the MODEL1 sparse decode, warp-specialised: a CTA attends 64 heads of one query over its schedule
-// partition in sub-blocks of 32 entries, with one job per warpgroup. The scorer (warpgroup 0) runs S = Q K^T, the
-// online softmax and O += P V for output dims 0-255 on wgmma, and hands P and the row rescale factors to the valuer
-// (warpgroup 1) through shared memory; the valuer runs O += P V for dims 256-511 and also streams the entries' raw
-// bytes into a ring of kRawStages staging buffers by cp.async several sub-blocks ahead (the indices travel further
-// ahead through a shared-memory ring, so no thread waits on an index load); two decoders (warpgroups 2 and 3, one
-// per K/V tile, alternate sub-blocks) turn staged sub-blocks into bf16 tiles. Tiles and P are handed over with
-// named barriers, staging buffers with mbarriers (the gathers' cp.async completion arrives on them).
+// partition in tiles of 64 entries (one schedule block), with one job per warpgroup. The scorer (warpgroup 0) runs
+// S = Q K^T, the online softmax and O += P V for output dims 0-255 on wgmma, and hands P and the row rescale factors
+// to the valuer (warpgroup 1) through shared memory; the valuer runs O += P V for dims 256-511 and also publishes
+// each tile's entry addresses several tiles ahead (the index values travel further ahead through a shared-memory
+// ring, so no thread waits on an index load); two decoders (warpgroups 2 and 3, one per K/V tile, alternate tiles)
+// load a tile's codes straight into registers before its buffer is free and then write it as bf16. Tiles and P
+// are handed over with named barriers, the address ring with mbarriers.
 #include <cmath>
 
 #include "common/decode_schedule.h"
@@ -18,62 +18,69 @@
 namespace dsv4::cuda::sm90 {
 namespace {
 
-constexpr int kSub = 32;  // entries per sub-block (half a schedule block)
+constexpr int kTile = kEntriesPerBlock;  // entries per K/V tile: one schedule block
 constexpr int kGroupThreads = 128, kCtaThreads = 4 * kGroupThreads;
-constexpr int kThreadsPerEntry = kGroupThreads / kSub;  // threads per entry when a warpgroup gathers or decodes
-constexpr int kScorer = 0, kDecoder = 2;  // warpgroup 0 scores, 1 values and gathers, 2 and 3 decode (alternate subs)
-constexpr int kScorerRegs = 200, kValuerRegs = 168, kDecoderRegs = 72;  // setmaxnreg: 200 + 168 + 2 x 72 = 4 x 128
+constexpr int kDecodeThreadsPerEntry = 4;  // each decoder writes half of every tile
+constexpr int kDecodeHalfEntries = kGroupThreads / kDecodeThreadsPerEntry;
+static_assert(2 * kDecodeHalfEntries == kTile, "two decoders cover a tile");
+constexpr int kPublishThreadsPerEntry = kGroupThreads / kTile;
+constexpr int kScorer = 0, kDecoder = 2;  // warpgroup 0 scores, 1 values and publishes, 2 and 3 decode (alternate)
+constexpr int kScorerRegs = 192, kValuerRegs = 176, kDecoderRegs = 72;  // setmaxnreg: 192 + 176 + 2 x 72 = 4 x 128
 static_assert(kScorerRegs + kValuerRegs + 2 * kDecoderRegs <= 4 * 128,
               "setmaxnreg.inc waits for registers the decoders released: never more than the CTA holds");
-// Named barriers (0 is __syncthreads): tile t full = 1 + t (decoder -> scorer), tile t empty = 3 + t (scorer and
-// valuer -> decoder), P of tile t ready = 5 + t (scorer -> valuer), the scorer's own.
-constexpr int kBarFull = 1, kBarEmpty = 3, kBarProbs = 5, kBarScorer = 7;
-constexpr int kFullThreads = 2 * kGroupThreads, kEmptyThreads = 3 * kGroupThreads, kProbsThreads = 2 * kGroupThreads;
-constexpr int kSubsPerBlock = kEntriesPerBlock / kSub;
-constexpr int kRawStages = 4;
-constexpr int kGatherLead = kRawStages - 1;  // sub-blocks gathered ahead of the one the scorer works on
+// Named barriers (0 is __syncthreads): buffer b full = 1 + b (decoders -> scorer), buffer b empty = 3 + b (scorer
+// and valuer -> decoders), P of buffer b ready = 5 + b (scorer -> valuer), the scorer's own, the valuer's own.
+constexpr int kBarFull = 1, kBarEmpty = 3, kBarProbs = 5, kBarScorer = 7, kBarValuer = 8;
+constexpr int kFullThreads = 3 * kGroupThreads, kEmptyThreads = 4 * kGroupThreads, kProbsThreads = 2 * kGroupThreads;
+constexpr int kPtrStages = 5;  // ring of published tiles' entry addresses
+constexpr int kPublishLead = 4;  // tiles published ahead of the one the valuer works on
+static_assert(kPublishLead <= kPtrStages, "a published stage is never waited for past the partition's end");
 constexpr int kHalfDim = kDim / 2;
-constexpr int kScoreTiles = kSub / 8;  // n8 tiles of S per warp
+constexpr int kScoreTiles = kTile / 8;  // n8 tiles of S per warp
 constexpr int kValueTiles = kHalfDim / 8;  // n8 tiles of O per warp
 constexpr int kSlabDims = kSlabChunks * kChunkElems;  // 64 dims per 128-byte swizzled slab
 constexpr int kHalfSlabs = kHalfDim / kSlabDims;
 constexpr int kSlabSteps = kSlabDims / 16;  // k16 steps per slab
 constexpr int kQkSteps = kDim / 16;
-constexpr int kPvSteps = kSub / 16;
+constexpr int kPvSteps = kTile / 16;
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 constexpr int kQSlabBytes = kHeadsPerCta * kRowBytes;  // 8 KB
-constexpr int kKvSlabBytes = kSub * kRowBytes;  // 4 KB
-constexpr int kKvTileBytes = kDim / kSlabDims * kKvSlabBytes;  // 32 KB
-constexpr int kRawScaleOffset = kSub * kEntryDataBytes;  // staging: all data, then all scale rows
-constexpr int kRawBytes = kRawScaleOffset + kSub * kEntryScaleBytes;  // 18688
-constexpr int kItemsPerEntry = kEntryDataBytes / kVectorBytes;  // 36 16-byte items
-constexpr int kNopeItems = kNopeDim / kVectorBytes;  // 28
+constexpr int kKvSlabBytes = kTile * kRowBytes;  // 8 KB
+constexpr int kKvTileBytes = kDim / kSlabDims * kKvSlabBytes;  // 64 KB
+constexpr int kNopeItems = kNopeDim / kVectorBytes;  // 28 16-byte items of codes
+constexpr int kDecodeItems = kNopeItems / kDecodeThreadsPerEntry;  // per decoder thread and entry
+constexpr int kRopeChunks = (kDim - kNopeDim) / kChunkElems;  // 8 16-byte chunks of bf16 RoPE values
+constexpr int kDecodeRopeChunks = kRopeChunks / kDecodeThreadsPerEntry;
 
 // Dynamic shared memory (from a 1024-aligned base).
 constexpr int kQOffset = 0;
 constexpr int kKvOffset = kQOffset + kTileBytes;
-constexpr int kRawOffset = kKvOffset + 2 * kKvTileBytes;
-constexpr int kEntryOkOffset = kRawOffset + kRawStages * kRawBytes;
-constexpr int kValidOffset = kEntryOkOffset + kRawStages * kSub;  // a 32-bit valid-entry mask per tile
-constexpr int kIndexSlots = 8;  // ring of sub-blocks' index values (8 bytes per entry) and their set flags
-constexpr int kIndexOffset = kValidOffset + 2 * 4 + 8;  // 16-byte aligned
-constexpr int kIndexFlagOffset = kIndexOffset + kIndexSlots * kSub * 8;
-// P handover, per tile: this thread's P fragments (two 16-byte words), then (alpha0, alpha1, max0, max1), then
+// P handover, per tile: this thread's P fragments (kPvSteps 16-byte words), then (alpha0, alpha1, max0, max1), then
 // (sum0, sum1), each field thread-major so that the stores and loads are conflict-free.
-constexpr int kProbsOffset = kIndexFlagOffset + kIndexSlots * kSub;
-constexpr int kProbsSlotBytes = kGroupThreads * (16 + 16 + 16 + 8);
-constexpr int kMbarOffset = kProbsOffset + 2 * kProbsSlotBytes;  // raw stage s full at + 8 s, free at + 8 (S + s)
-constexpr int kSmemBytes = kMbarOffset + 2 * kRawStages * 8 + kSwizzleAtomBytes;  // + alignment slack
-static_assert(kProbsOffset % 16 == 0 && kMbarOffset % 8 == 0, "aligned handover and barriers");
+constexpr int kProbsOffset = kKvOffset + 2 * kKvTileBytes;
+constexpr int kProbsSlotBytes = kGroupThreads * (16 * kPvSteps + 16 + 8);
+constexpr int kPtrOffset = kProbsOffset + 2 * kProbsSlotBytes;  // kPtrStages x kTile EntrySource
+constexpr int kIndexLead = 4;  // tiles whose indices are copied ahead of the one published
+constexpr int kIndexSlots = kIndexLead + 1;  // ring of tiles' index values (8 bytes per entry) and their set flags
+constexpr int kIndexOffset = kPtrOffset + kPtrStages * kTile * 16;
+constexpr int kIndexFlagOffset = kIndexOffset + kIndexSlots * kTile * 8;
+constexpr int kValidOffset = kIndexFlagOffset + kIndexSlots * kTile;  // a 64-bit valid-entry mask per buffer
+constexpr int kCursorOffset = kValidOffset + 2 * 8;  // ring of the index copies' cursors (see cursor_slot)
+constexpr int kCursorSlots = 8, kCursorBytes = 128;
+constexpr int kWalkAhead = kIndexLead + kPtrStages;
+static_assert(kCursorSlots >= kWalkAhead - kIndexLead, "a cursor is read before the walker rewrites its slot");
+constexpr int kMbarOffset = kCursorOffset + kCursorSlots * kCursorBytes;  // address stage s full at + 8 s, free at + 8 (S + s)
+constexpr int kSmemBytes = kMbarOffset + 2 * kPtrStages * 8 + kSwizzleAtomBytes;  // + alignment slack
+static_assert(kProbsOffset % 16 == 0 && kPtrOffset % 16 == 0 && kValidOffset % 8 == 0 && kMbarOffset % 8 == 0,
+              "aligned handover, addresses and barriers");
 static_assert(kSmemBytes <= 227 * 1024, "fits the opt-in shared memory of one CTA");
-static_assert(kRawOffset % 16 == 0 && kRawBytes % 16 == 0, "16-byte staging");
+static_assert(kCursorOffset % 16 == 0, "aligned cursors");
 
-// Byte offset of 16-byte chunk c of row r in a K/V tile of kSub rows (128-byte swizzle, slabs of 64 dims).
+// Byte offset of 16-byte chunk c of row r in a K/V tile (128-byte swizzle, slabs of 64 dims).
 DSV4_SM90_DEVICE uint32_t kv_offset(int row, int chunk) {
   return uint32_t((chunk / kSlabChunks) * kKvSlabBytes + row * kRowBytes + (((chunk % kSlabChunks) ^ (row & 7)) * 16));
 }
-
 
 struct RowState {
   float o[kValueTiles][4];
@@ -81,8 +88,8 @@ struct RowState {
   float sum[2];
 };
 
-// Issues S = Q K^T of one sub-block (asynchronous; finish with wgmma_wait_all). The k16 step inside a 128-byte
-// row moves the start address by 32 bytes.
+// Issues S = Q K^T of one tile (asynchronous; finish with wgmma_wait_all). The k16 step inside a 128-byte row moves
+// the start address by 32 bytes.
 DSV4_SM90_DEVICE void issue_scores(uint32_t q_base, uint32_t kv_base, float (&s)[kScoreTiles][4]) {
 #pragma unroll
   for (int t = 0; t < kScoreTiles; ++t)
@@ -95,14 +102,11 @@ DSV4_SM90_DEVICE void issue_scores(uint32_t q_base, uint32_t kv_base, float (&s)
 #pragma unroll
   for (int kk = 0; kk < kQkSteps; ++kk) {
     const uint32_t slab = kk / kSlabSteps, step = (kk % kSlabSteps) * 32;
-    wgmma_64x32x16_ss(s, q_desc + ((slab * kQSlabBytes + step) >> 4), k_desc + ((slab * kKvSlabBytes + step) >> 4));
+    wgmma_64x64x16_ss(s, q_desc + ((slab * kQSlabBytes + step) >> 4), k_desc + ((slab * kKvSlabBytes + step) >> 4));
   }
   wgmma_commit();
 }
 
-
-// Online softmax of one sub-block: masks invalid entries, raises the running max, rescales O and the sums, and
-// returns P as bf16 A fragments (k16 step kk covers entries 16 kk .. +16).
 DSV4_SM90_DEVICE float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -118,8 +122,10 @@ DSV4_SM90_DEVICE void rescale_row(RowState& st, int r, float alpha) {
   }
 }
 
-DSV4_SM90_DEVICE void softmax_sub(float (&s)[kScoreTiles][4], uint32_t valid, float scale_log2, int lane,
-                                  RowState& st, uint32_t (&p)[kPvSteps][4], float (&alpha)[2]) {
+// Online softmax of one tile: masks invalid entries, raises the running max, rescales O and the sums, and returns
+// P as bf16 A fragments (k16 step kk covers entries 16 kk .. +16).
+DSV4_SM90_DEVICE void softmax_tile(float (&s)[kScoreTiles][4], uint64_t valid, float scale_log2, int lane,
+                                   RowState& st, uint32_t (&p)[kPvSteps][4], float (&alpha)[2]) {
   const int quad_col = 2 * (lane & 3);
   float block_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -192,10 +198,10 @@ struct PieceTarget {
   bool single;
 };
 
-// One piece of this CTA's partition: request r, its blocks [begin_block, begin_block + subs / 2); `skip` marks a
-// piece whose split row is out of range (a malformed plan): neither role touches it.
+// One piece of this CTA's partition: request r, its tiles (blocks) [begin_block, begin_block + tiles); `skip` marks
+// a piece whose split row is out of range (a malformed plan): no role touches it.
 struct Piece {
-  int64_t r, begin_block, subs;
+  int64_t r, begin_block, tiles;
   RequestSets sets;
   PieceTarget target;
   bool skip;
@@ -210,23 +216,23 @@ DSV4_SM90_DEVICE Piece piece_of(const SparseMlaDecodeParams& p, const int32_t* m
   begin = begin < 0 ? 0 : begin;
   end = end > c.sets.blocks ? c.sets.blocks : end;
   c.begin_block = begin;
-  c.subs = end > begin ? (end - begin) * kSubsPerBlock : 0;
+  c.tiles = end > begin ? end - begin : 0;
   const int64_t piece_splits = p.sched.num_splits[r + 1] - p.sched.num_splits[r];
   c.target = {p.sched.num_splits[r] + (r == first ? meta[4] : 0), piece_splits == 1};
   c.skip = !c.target.single && (c.target.split_row < 0 || c.target.split_row >= p.b + p.sched.num_parts);
-  if (c.skip) c.subs = 0;
+  if (c.skip) c.tiles = 0;
   return c;
 }
 
-// Walks the sub-blocks of a partition's pieces in order (pieces without sub-blocks are passed over).
-struct SubCursor {
+// Walks the tiles of a partition's pieces in order (pieces without tiles are passed over).
+struct TileCursor {
   int64_t r, last, i;
   Piece piece;
   bool done;
 };
 
-DSV4_SM90_DEVICE void settle(const SparseMlaDecodeParams& p, const int32_t* meta, SubCursor& c) {
-  while (!c.done && c.i >= c.piece.subs) {
+DSV4_SM90_DEVICE void settle(const SparseMlaDecodeParams& p, const int32_t* meta, TileCursor& c) {
+  while (!c.done && c.i >= c.piece.tiles) {
     if (++c.r > c.last) {
       c.done = true;
       break;
@@ -235,8 +241,8 @@ DSV4_SM90_DEVICE void settle(const SparseMlaDecodeParams& p, const int32_t* meta
   }
 }
 
-DSV4_SM90_DEVICE SubCursor first_sub(const SparseMlaDecodeParams& p, const int32_t* meta) {
-  SubCursor c;
+DSV4_SM90_DEVICE TileCursor first_tile(const SparseMlaDecodeParams& p, const int32_t* meta) {
+  TileCursor c;
   const int64_t first = meta[0] < 0 ? 0 : meta[0];
   c.last = meta[1] < p.b ? meta[1] : p.b - 1;
   c.r = first, c.i = 0, c.done = first > c.last;
@@ -245,28 +251,32 @@ DSV4_SM90_DEVICE SubCursor first_sub(const SparseMlaDecodeParams& p, const int32
   return c;
 }
 
-DSV4_SM90_DEVICE void next_sub(const SparseMlaDecodeParams& p, const int32_t* meta, SubCursor& c) {
+DSV4_SM90_DEVICE void next_tile(const SparseMlaDecodeParams& p, const int32_t* meta, TileCursor& c) {
   ++c.i;
   settle(p, meta, c);
 }
 
-// Index values travel ahead of the gathers through a shared-memory ring: when the gather of sub-block x is issued,
-// the index of entry e of sub-block x + kIndexLead is copied (cp.async, in the same group) into ring slot
-// (x + kIndexLead) % kIndexSlots with a flag byte saying which set it indexes; the gather of that sub-block waits
-// for the group (long complete by then) and reads the slot in the same warp, so no thread stalls on an index load.
-constexpr int kIndexLead = 5;
-static_assert(kIndexSlots >= kIndexLead + kGatherLead, "a slot is read before it is rewritten");
+static_assert(sizeof(TileCursor) <= kCursorBytes, "fits its shared-memory slot");
+
+// Tiles of this CTA's partition (all pieces).
+DSV4_SM90_DEVICE int64_t partition_tiles(const SparseMlaDecodeParams& p, const int32_t* meta) {
+  int64_t total = 0;
+  for (TileCursor c = first_tile(p, meta); !c.done; c.i = c.piece.tiles, settle(p, meta, c)) total += c.piece.tiles;
+  return total;
+}
+
 constexpr uint8_t kFlagExtra = 1, kFlagWide = 2, kFlagNone = 0xff;
 
-DSV4_SM90_DEVICE void issue_index_copy(const SparseMlaDecodeParams& p, const SubCursor& c, int64_t s, int e,
+// Starts copying (cp.async) the index of entry e of the cursor's tile into an index slot, with a flag byte saying
+// which set it indexes (kFlagNone: no entry there).
+DSV4_SM90_DEVICE void issue_index_copy(const SparseMlaDecodeParams& p, const TileCursor& c, int64_t s, int e,
                                        uint8_t* index_slot, uint8_t* flag_slot) {
   uint8_t flag = kFlagNone;
   if (!c.done) {
-    const int64_t j = c.piece.begin_block + c.i / kSubsPerBlock;
+    const int64_t j = c.piece.begin_block + c.i;
     const bool in_main = j < c.piece.sets.main_blocks;
     const SparseIndexSet& set = in_main ? p.main : p.extra;
-    const int64_t column = (in_main ? j : j - c.piece.sets.main_blocks) * kEntriesPerBlock +
-                           int(c.i % kSubsPerBlock) * kSub + e;
+    const int64_t column = (in_main ? j : j - c.piece.sets.main_blocks) * kEntriesPerBlock + e;
     if (column < (in_main ? c.piece.sets.main_length : c.piece.sets.extra_length)) {
       const int64_t at = c.piece.r * set.stride_b + s * set.stride_s + column * set.stride_k;
       const uint32_t dst = shared_address(index_slot + e * 8);
@@ -306,151 +316,163 @@ DSV4_SM90_DEVICE EntrySource entry_source(const SparseMlaDecodeParams& p, const 
   return {page + offset * kEntryDataBytes, page + cache.block_size * kEntryDataBytes + offset * kEntryScaleBytes};
 }
 
-// Starts copying the raw bytes of one entry of a sub-block into a staging buffer (kThreadsPerEntry valuer threads
-// per entry, 16-byte copies where the page allows); entry_ok[e] records validity. The caller commits the group.
-DSV4_SM90_DEVICE void issue_sub_gather(const EntrySource& src, int e, int part, uint8_t* staging, uint8_t* entry_ok) {
-  const bool ok = src.data != nullptr;
-  if (part == 0) entry_ok[e] = ok;
-  if (ok) {
-    const uint32_t dst = shared_address(staging + e * kEntryDataBytes);
-    if (reinterpret_cast<uintptr_t>(src.data) % kVectorBytes == 0) {
-#pragma unroll
-      for (int k = 0; k < kItemsPerEntry / kThreadsPerEntry; ++k) {
-        const int piece = part + kThreadsPerEntry * k;
-        cp_async_16(dst + piece * kVectorBytes, src.data + piece * kVectorBytes);
-      }
-    } else {
-      for (int piece = part; piece < kDataPieces; piece += kThreadsPerEntry)
-        cp_async_8(dst + piece * kPieceBytes, src.data + piece * kPieceBytes);
-    }
-    if (part == kThreadsPerEntry - 1)
-      cp_async_8(shared_address(staging + kRawScaleOffset + e * kEntryScaleBytes), src.scales);
-  }
+// Address stage s has two mbarriers: full (the valuer's 128 threads arrive after writing it) and free (the
+// decoders' 256 threads arrive after reading it).
+DSV4_SM90_DEVICE uint32_t ptr_full_bar(uint8_t* smem, int stage) { return shared_address(smem + kMbarOffset + 8 * stage); }
+DSV4_SM90_DEVICE uint32_t ptr_free_bar(uint8_t* smem, int stage) {
+  return shared_address(smem + kMbarOffset + 8 * (kPtrStages + stage));
+}
+DSV4_SM90_DEVICE EntrySource* ptr_stage(uint8_t* smem, int stage) {
+  return reinterpret_cast<EntrySource*>(smem + kPtrOffset + stage * kTile * int(sizeof(EntrySource)));
 }
 
-// Decodes this decoder thread's share of a staged sub-block into a K/V tile: entry e, nope items part + 4k (scale
-// tile k) and RoPE chunks 2 part, 2 part + 1 (copied). Invalid entries become zero rows (0 * NaN would poison P V).
-// All codes are loaded first and the common case (every item on the direct route) runs straight through. The
-// tile's valid mask is written by lane 0 of each decoder warp (8 entries per warp).
-DSV4_SM90_DEVICE void decode_sub(const uint8_t* staging, const uint8_t* entry_ok, uint8_t* tile, uint8_t* valid_bytes,
-                                 int e, int part) {
-  constexpr int kItems = kNopeItems / kThreadsPerEntry;
-  const bool ok = entry_ok[e] != 0;
-  const uint32_t mask = __ballot_sync(0xffffffffu, ok && part == 0);
-  if (threadIdx.x % 32 == 0) {
-    uint32_t bits = 0;  // lanes 0, 4, .. 28 hold entries 8w .. 8w + 7
-    for (int k = 0; k < 8; ++k) bits |= ((mask >> (4 * k)) & 1u) << k;
-    valid_bytes[(threadIdx.x % kGroupThreads) / 32] = uint8_t(bits);
-  }
-  const uint8_t* raw = staging + e * kEntryDataBytes;
-  uint4 codes[kItems];
+// One decoder thread's bytes of one entry: its nope items (part + 4 k), the entry's eight scale bytes and its RoPE
+// chunks (2 part, 2 part + 1).
+struct EntryCodes {
+  uint4 nope[kDecodeItems];
+  uint4 rope[kDecodeRopeChunks];
+  uint2 scales;
+};
+
+DSV4_SM90_DEVICE uint4 load_16(const uint8_t* src, bool aligned) {
+  if (aligned) return __ldg(reinterpret_cast<const uint4*>(src));
+  const uint2 lo = __ldg(reinterpret_cast<const uint2*>(src)), hi = __ldg(reinterpret_cast<const uint2*>(src + 8));
+  return make_uint4(lo.x, lo.y, hi.x, hi.y);
+}
+
+DSV4_SM90_DEVICE void load_entry(const EntrySource& src, int part, EntryCodes& c) {
+  if (src.data == nullptr) return;
+  const bool aligned = reinterpret_cast<uintptr_t>(src.data) % kVectorBytes == 0;
 #pragma unroll
-  for (int k = 0; k < kItems; ++k)
-    codes[k] = *reinterpret_cast<const uint4*>(raw + (part + kThreadsPerEntry * k) * kVectorBytes);
-  const uint2 scale_words = *reinterpret_cast<const uint2*>(staging + kRawScaleOffset + e * kEntryScaleBytes);
-  uint32_t scales[kItems];
+  for (int k = 0; k < kDecodeItems; ++k)
+    c.nope[k] = load_16(src.data + (part + kDecodeThreadsPerEntry * k) * kVectorBytes, aligned);
+  c.scales = __ldg(reinterpret_cast<const uint2*>(src.scales));
 #pragma unroll
-  for (int k = 0; k < kItems; ++k) scales[k] = ((k < 4 ? scale_words.x : scale_words.y) >> (8 * (k % 4))) & 0xffu;
+  for (int k = 0; k < kDecodeRopeChunks; ++k)
+    c.rope[k] = load_16(src.data + kNopeDim + (kDecodeRopeChunks * part + k) * kVectorBytes, aligned);
+}
+
+// Writes this thread's share of entry e as bf16: nope items part + 4 k (scale byte k) and the RoPE chunks. Invalid
+// entries become zero rows (0 * NaN would poison P V); the common case (every item on the direct route) runs
+// straight through.
+DSV4_SM90_DEVICE void store_entry(const EntryCodes& c, bool ok, int e, int part, uint8_t* tile) {
+#pragma unroll
+  for (int k = 0; k < kDecodeRopeChunks; ++k)
+    *reinterpret_cast<uint4*>(tile + kv_offset(e, kNopeChunks + kDecodeRopeChunks * part + k)) =
+        ok ? c.rope[k] : make_uint4(0, 0, 0, 0);
+  uint32_t scales[kDecodeItems];
+#pragma unroll
+  for (int k = 0; k < kDecodeItems; ++k) scales[k] = ((k < 4 ? c.scales.x : c.scales.y) >> (8 * (k % 4))) & 0xffu;
   bool direct = ok;
 #pragma unroll
-  for (int k = 0; k < kItems; ++k) direct = direct && decodes_directly(codes[k], scales[k]);
+  for (int k = 0; k < kDecodeItems; ++k) direct = direct && decodes_directly(c.nope[k], scales[k]);
   if (direct) {
 #pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int item = part + kThreadsPerEntry * k;
+    for (int k = 0; k < kDecodeItems; ++k) {
+      const int item = part + kDecodeThreadsPerEntry * k;
       uint4 first, second;
-      decode_nope_16_direct(codes[k], scales[k], first, second);
+      decode_nope_16_direct(c.nope[k], scales[k], first, second);
       *reinterpret_cast<uint4*>(tile + kv_offset(e, 2 * item)) = first;
       *reinterpret_cast<uint4*>(tile + kv_offset(e, 2 * item + 1)) = second;
     }
   } else {
-    for (int k = 0; k < kItems; ++k) {
-      const int item = part + kThreadsPerEntry * k;
+    for (int k = 0; k < kDecodeItems; ++k) {
+      const int item = part + kDecodeThreadsPerEntry * k;
       uint4 first = make_uint4(0, 0, 0, 0), second = first;
-      if (ok) decode_nope_16(codes[k], uint8_t(scales[k]), first, second);
+      if (ok) decode_nope_16(c.nope[k], uint8_t(scales[k]), first, second);
       *reinterpret_cast<uint4*>(tile + kv_offset(e, 2 * item)) = first;
       *reinterpret_cast<uint4*>(tile + kv_offset(e, 2 * item + 1)) = second;
     }
   }
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const int chunk = 2 * part + k;
-    const uint4 v = ok ? *reinterpret_cast<const uint4*>(raw + kNopeDim + chunk * kVectorBytes) : make_uint4(0, 0, 0, 0);
-    *reinterpret_cast<uint4*>(tile + kv_offset(e, kNopeChunks + chunk)) = v;
-  }
-  fence_async_shared();
 }
 
-// Staging buffer s has two mbarriers: full (the valuer's 128 threads arrive once their entry_ok stores are done and
-// once more when their copies have landed) and free (the decoder's 128 threads arrive after decoding it).
-DSV4_SM90_DEVICE uint32_t raw_full_bar(uint8_t* smem, int stage) { return shared_address(smem + kMbarOffset + 8 * stage); }
-DSV4_SM90_DEVICE uint32_t raw_free_bar(uint8_t* smem, int stage) {
-  return shared_address(smem + kMbarOffset + 8 * (kRawStages + stage));
+// The cursors of the index copies: slot k % kCursorSlots holds the cursor at tile k. The valuer's start writes
+// those of tiles kIndexLead .. kWalkAhead - 1; the walker (thread 0 of decoder 1, which has registers to spare)
+// writes the one of tile g + kWalkAhead while it works on tile g, before it frees tile g's address stage, so that
+// publish(x) (which waits for that stage's release for x >= kPtrStages) finds the cursor of tile x + kIndexLead.
+DSV4_SM90_DEVICE TileCursor* cursor_slot(uint8_t* smem, int64_t k) {
+  return reinterpret_cast<TileCursor*>(smem + kCursorOffset) + k % kCursorSlots;
 }
 
-// Sub-blocks of this CTA's partition (all pieces).
-DSV4_SM90_DEVICE int64_t partition_subs(const SparseMlaDecodeParams& p, const int32_t* meta) {
-  int64_t total = 0;
-  for (SubCursor c = first_sub(p, meta); !c.done; c.i = c.piece.subs, settle(p, meta, c)) total += c.piece.subs;
-  return total;
+DSV4_SM90_DEVICE void walk_cursor(const SparseMlaDecodeParams& p, const int32_t* meta, uint8_t* smem, int64_t g) {
+  TileCursor c = *cursor_slot(smem, g + kWalkAhead - 1);
+  next_tile(p, meta, c);
+  *cursor_slot(smem, g + kWalkAhead) = c;
 }
 
-// Decoder warpgroup d (0 or 1) takes sub-blocks g = d, d + 2, ..: waits for g's bytes and for its tile (tile d) to be
-// empty, decodes, hands the tile to the scorer and the staging buffer back to the gatherer.
+// Decoder warpgroup d (0 or 1) writes entries 32 d .. 32 d + 31 of every tile: it reads the tile's entry addresses
+// and loads every code of its share into registers, then waits for the tile's buffer (g % 2) to be empty, writes
+// the bf16 rows and its half of the valid mask and hands the tile to the scorer. Lanes 0, 4, .. 28 of warp w hold
+// entries 32 d + 8 w .. + 7, whose valid bits form byte 4 d + w of the tile's mask.
 DSV4_SM90_DEVICE void decode_role(const SparseMlaDecodeParams& p, const int32_t* meta, int d, uint8_t* smem) {
-  const int t = threadIdx.x % kGroupThreads;
-  const int e = t / kThreadsPerEntry, part = t % kThreadsPerEntry;
-  const int64_t total = partition_subs(p, meta);
-  for (int64_t g = d; g < total; g += 2) {
-    const int stage = int(g % kRawStages);
-    mbarrier_wait(raw_full_bar(smem, stage), uint32_t(g / kRawStages) & 1u);
-    if (g >= 2) named_sync(kBarEmpty + d, kEmptyThreads);
-    decode_sub(smem + kRawOffset + stage * kRawBytes, smem + kEntryOkOffset + stage * kSub,
-               smem + kKvOffset + d * kKvTileBytes, smem + kValidOffset + 4 * d, e, part);
-    named_arrive(kBarFull + d, kFullThreads);
-    mbarrier_arrive(raw_free_bar(smem, stage));
+  const int t = threadIdx.x % kGroupThreads, part = t % kDecodeThreadsPerEntry;
+  const int e = kDecodeHalfEntries * d + t / kDecodeThreadsPerEntry;
+  const int64_t total = partition_tiles(p, meta);
+  for (int64_t g = 0; g < total; ++g) {
+    const int stage = int(g % kPtrStages), buffer = int(g % 2);
+    uint8_t* tile = smem + kKvOffset + buffer * kKvTileBytes;
+    mbarrier_wait(ptr_full_bar(smem, stage), uint32_t(g / kPtrStages) & 1u);
+    const EntrySource src = ptr_stage(smem, stage)[e];
+    EntryCodes codes;
+    load_entry(src, part, codes);
+    if (g >= 2) named_sync(kBarEmpty + buffer, kEmptyThreads);
+    const bool ok = src.data != nullptr;
+    const uint32_t mask = __ballot_sync(0xffffffffu, ok && part == 0);
+    if (t % 32 == 0) {
+      uint32_t bits = 0;
+      for (int j = 0; j < 8; ++j) bits |= ((mask >> (kDecodeThreadsPerEntry * j)) & 1u) << j;
+      smem[kValidOffset + 8 * buffer + 4 * d + t / 32] = uint8_t(bits);
+    }
+    store_entry(codes, ok, e, part, tile);
+    fence_async_shared();
+    named_arrive(kBarFull + buffer, kFullThreads);
+    if (d == 1 && t == 0) walk_cursor(p, meta, smem, g);  // here no codes are held in registers
+    mbarrier_arrive(ptr_free_bar(smem, stage));
   }
-  if (total > d) named_sync(kBarEmpty + d, kEmptyThreads);  // the scorer and valuer are done with the last tile
+  // The scorer and valuer are done with the last tile of each buffer.
+  for (int buffer = 0; buffer < 2; ++buffer)
+    if (total > buffer) named_sync(kBarEmpty + buffer, kEmptyThreads);
 }
 
-// The valuer's gathering side: gather(x) copies sub-block x's raw bytes into staging buffer x % kRawStages (once the
-// decoder freed it) and the index values of sub-block x + kIndexLead into the index ring. Past the partition's last
-// sub-block the index slots are unset, so it copies nothing (and nobody waits for those stages).
-struct Gatherer {
-  int64_t s;
+// The valuer's publishing side: publish(x) writes tile x's entry addresses into address stage x % kPtrStages (once
+// the decoders freed it) and starts copying the index values of tile x + kIndexLead into the index ring. Tiles past
+// the partition's last are not published (nobody reads them).
+struct Publisher {
+  int64_t s, total;
   uint8_t* smem;
   int e, part;
-  SubCursor index_cursor;  // at the sub-block whose indices are copied next
 
-  DSV4_SM90_DEVICE void copy_next_index(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t x) {
+  DSV4_SM90_DEVICE void copy_index(const SparseMlaDecodeParams& p, const TileCursor& c, int64_t x) {
     const int slot = int(x % kIndexSlots);
     if (part == 0)
-      issue_index_copy(p, index_cursor, s, e, smem + kIndexOffset + slot * kSub * 8,
-                       smem + kIndexFlagOffset + slot * kSub);
-    next_sub(p, meta, index_cursor);
+      issue_index_copy(p, c, s, e, smem + kIndexOffset + slot * kTile * 8, smem + kIndexFlagOffset + slot * kTile);
   }
 
   DSV4_SM90_DEVICE void start(const SparseMlaDecodeParams& p, const int32_t* meta) {
-    index_cursor = first_sub(p, meta);
-    for (int x = 0; x < kIndexLead; ++x) copy_next_index(p, meta, x);
+    total = partition_tiles(p, meta);
+    TileCursor c = first_tile(p, meta);
+    for (int x = 0; x < kIndexLead; ++x) copy_index(p, c, x), next_tile(p, meta, c);
     cp_async_commit();
-    cp_async_wait_all();
-    __syncwarp();  // an entry's index is read by the four lanes of its quad
-    for (int x = 0; x < kGatherLead; ++x) gather(p, meta, x);
+    for (int k = kIndexLead; k < kWalkAhead; ++k) {
+      if (threadIdx.x % kGroupThreads == 0) *cursor_slot(smem, k) = c;
+      next_tile(p, meta, c);
+    }
+    named_sync(kBarValuer, kGroupThreads);
+    for (int x = 0; x < kPublishLead; ++x) publish(p, meta, x);
   }
 
-  DSV4_SM90_DEVICE void gather(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t x) {
-    const int stage = int(x % kRawStages), slot = int(x % kIndexSlots);
-    if (x >= kRawStages) mbarrier_wait(raw_free_bar(smem, stage), uint32_t(x / kRawStages - 1) & 1u);
-    cp_async_wait_group<kIndexLead - 1>();  // the group that carried sub-block x's indices
+  DSV4_SM90_DEVICE void publish(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t x) {
+    if (x >= total) return;
+    const int stage = int(x % kPtrStages), slot = int(x % kIndexSlots);
+    if (x >= kPtrStages) mbarrier_wait(ptr_free_bar(smem, stage), uint32_t(x / kPtrStages - 1) & 1u);
+    cp_async_wait_group<kIndexLead - 1>();  // the group that carried tile x's indices
     __syncwarp();
-    const EntrySource src =
-        entry_source(p, smem + kIndexOffset + slot * kSub * 8, smem + kIndexFlagOffset + slot * kSub, e);
-    issue_sub_gather(src, e, part, smem + kRawOffset + stage * kRawBytes, smem + kEntryOkOffset + stage * kSub);
-    copy_next_index(p, meta, x + kIndexLead);
+    if (part == 0)
+      ptr_stage(smem, stage)[e] =
+          entry_source(p, smem + kIndexOffset + slot * kTile * 8, smem + kIndexFlagOffset + slot * kTile, e);
+    copy_index(p, *cursor_slot(smem, x + kIndexLead), x + kIndexLead);
     cp_async_commit();
-    mbarrier_arrive(raw_full_bar(smem, stage));
-    cp_async_mbarrier_arrive(raw_full_bar(smem, stage));
+    mbarrier_arrive(ptr_full_bar(smem, stage));
   }
 };
 
@@ -539,24 +561,23 @@ DSV4_SM90_DEVICE void clear_rows(RowState& st) {
 // The P handover of tile t (see kProbsSlotBytes); thread t of the scorer writes what thread t of the valuer reads
 // (both hold the same rows and columns of the fragments).
 struct ProbsSlot {
-  uint4* p0;
-  uint4* p1;
+  uint4* p;  // k16 step kk at p[kk * kGroupThreads + thread]
   float4* scale_max;
   float2* sums;
 };
 
 DSV4_SM90_DEVICE ProbsSlot probs_slot(uint8_t* smem, int tile) {
   uint8_t* base = smem + kProbsOffset + tile * kProbsSlotBytes;
-  return {reinterpret_cast<uint4*>(base), reinterpret_cast<uint4*>(base + 16 * kGroupThreads),
-          reinterpret_cast<float4*>(base + 32 * kGroupThreads), reinterpret_cast<float2*>(base + 48 * kGroupThreads)};
+  return {reinterpret_cast<uint4*>(base), reinterpret_cast<float4*>(base + 16 * kPvSteps * kGroupThreads),
+          reinterpret_cast<float2*>(base + 16 * (kPvSteps + 1) * kGroupThreads)};
 }
 
-// Scorer warpgroup: per piece loads q; per sub-block S, the softmax, the P handover and O += P V for dims 0-255.
+// Scorer warpgroup: per piece loads q; per tile S, the softmax, the P handover and O += P V for dims 0-255.
 DSV4_SM90_DEVICE void score_role(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t s, bool q_aligned,
                                  uint8_t* smem) {
   uint8_t* q_tile = smem + kQOffset;
   const uint32_t q_base = shared_address(q_tile), kv_base = shared_address(smem + kKvOffset);
-  const uint32_t* valid = reinterpret_cast<const uint32_t*>(smem + kValidOffset);
+  const uint64_t* valid = reinterpret_cast<const uint64_t*>(smem + kValidOffset);
   const int t = threadIdx.x, row_group = t / 32, lane = t % 32;
   const int64_t head0 = int64_t(blockIdx.x) * kHeadsPerCta;
   const float scale_log2 = p.sm_scale * kLog2e;
@@ -575,24 +596,25 @@ DSV4_SM90_DEVICE void score_role(const SparseMlaDecodeParams& p, const int32_t* 
     wait_q();
     RowState st;
     clear_rows(st);
-    for (int64_t i = 0; i < piece.subs; ++i, ++g) {
+    for (int64_t i = 0; i < piece.tiles; ++i, ++g) {
       const int tile = int(g % 2);
       const uint32_t kv_tile = kv_base + tile * kKvTileBytes;
       named_sync(kBarFull + tile, kFullThreads);
       float scores[kScoreTiles][4];
       issue_scores(q_base, kv_tile, scores);
       wgmma_wait_all();
-      if (i + 1 == piece.subs && r < last) {  // the next request's q loads under this sub-block's softmax and P V
+      if (i + 1 == piece.tiles && r < last) {  // the next request's q loads under this tile's softmax and P V
         named_sync(kBarScorer, kGroupThreads);
         start_q(p, r + 1, s, head0, q_aligned, q_tile);
         q_request = r + 1;
       }
       uint32_t probs[kPvSteps][4];
       float alpha[2];
-      softmax_sub(scores, valid[tile], scale_log2, lane, st, probs, alpha);
+      softmax_tile(scores, valid[tile], scale_log2, lane, st, probs, alpha);
       const ProbsSlot slot = probs_slot(smem, tile);
-      slot.p0[t] = make_uint4(probs[0][0], probs[0][1], probs[0][2], probs[0][3]);
-      slot.p1[t] = make_uint4(probs[1][0], probs[1][1], probs[1][2], probs[1][3]);
+#pragma unroll
+      for (int kk = 0; kk < kPvSteps; ++kk)
+        slot.p[kk * kGroupThreads + t] = make_uint4(probs[kk][0], probs[kk][1], probs[kk][2], probs[kk][3]);
       slot.scale_max[t] = make_float4(alpha[0], alpha[1], st.max[0], st.max[1]);
       slot.sums[t] = make_float2(st.sum[0], st.sum[1]);
       named_arrive(kBarProbs + tile, kProbsThreads);
@@ -606,30 +628,34 @@ DSV4_SM90_DEVICE void score_role(const SparseMlaDecodeParams& p, const int32_t* 
   }
 }
 
-// Valuer warpgroup: keeps the gathers kGatherLead sub-blocks ahead; per sub-block takes P and the rescale factors
-// from the scorer and runs O += P V for dims 256-511.
+// Valuer warpgroup: keeps the published entry addresses kPublishLead tiles ahead; per tile takes P and the rescale
+// factors from the scorer and runs O += P V for dims 256-511.
 DSV4_SM90_DEVICE void value_role(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t s, uint8_t* smem) {
   const uint32_t kv_base = shared_address(smem + kKvOffset);
   const int t = threadIdx.x % kGroupThreads, row_group = t / 32, lane = t % 32;
   const int64_t head0 = int64_t(blockIdx.x) * kHeadsPerCta;
-  Gatherer gatherer{s, smem, t / kThreadsPerEntry, t % kThreadsPerEntry, {}};
-  gatherer.start(p, meta);
+  Publisher publisher{s, 0, smem, t / kPublishThreadsPerEntry, t % kPublishThreadsPerEntry};
+  publisher.start(p, meta);
   const int64_t first = meta[0] < 0 ? 0 : meta[0], last = meta[1] < p.b ? meta[1] : p.b - 1;
   int64_t g = 0;
   for (int64_t r = first; r <= last; ++r) {
-    const Piece piece = piece_of(p, meta, r);
-    if (piece.skip) continue;
+    const int64_t tiles = piece_of(p, meta, r).tiles;  // zero for a skipped piece
+    if (tiles == 0 && piece_of(p, meta, r).skip) continue;
     RowState st;
     clear_rows(st);
-    for (int64_t i = 0; i < piece.subs; ++i, ++g) {
-      gatherer.gather(p, meta, g + kGatherLead);
+    for (int64_t i = 0; i < tiles; ++i, ++g) {
+      publisher.publish(p, meta, g + kPublishLead);
       const int tile = int(g % 2);
       named_sync(kBarProbs + tile, kProbsThreads);
       const ProbsSlot slot = probs_slot(smem, tile);
-      const uint4 p0 = slot.p0[t], p1 = slot.p1[t];
+      uint32_t probs[kPvSteps][4];
+#pragma unroll
+      for (int kk = 0; kk < kPvSteps; ++kk) {
+        const uint4 w = slot.p[kk * kGroupThreads + t];
+        probs[kk][0] = w.x, probs[kk][1] = w.y, probs[kk][2] = w.z, probs[kk][3] = w.w;
+      }
       const float4 scale_max = slot.scale_max[t];
       const float2 sums = slot.sums[t];
-      const uint32_t probs[kPvSteps][4] = {{p0.x, p0.y, p0.z, p0.w}, {p1.x, p1.y, p1.z, p1.w}};
       st.max[0] = scale_max.z, st.max[1] = scale_max.w;
       st.sum[0] = sums.x, st.sum[1] = sums.y;
       rescale_row(st, 0, scale_max.x);
@@ -640,21 +666,21 @@ DSV4_SM90_DEVICE void value_role(const SparseMlaDecodeParams& p, const int32_t* 
       wgmma_wait_all();
       named_arrive(kBarEmpty + tile, kEmptyThreads);
     }
-    finish_rows(p, piece, s, head0, row_group, 1, lane, st);
+    finish_rows(p, piece_of(p, meta, r), s, head0, row_group, 1, lane, st);  // reloaded: no registers held
   }
-  cp_async_wait_all();  // index copies past the last sub-block
+  cp_async_wait_all();  // index copies past the last tile
 }
 
 // Grid (head groups, s_q, num_parts): CTA (x, s, z) attends heads [64x, 64x + 64) of query s of every request
-// piece in schedule partition z. Warpgroup 0 scores, 1 values and gathers, 2 and 3 decode.
+// piece in schedule partition z. Warpgroup 0 scores, 1 values and publishes addresses, 2 and 3 decode.
 __global__ void __launch_bounds__(kCtaThreads, 1)
     sparse_mla_decode_sm90_kernel(const SparseMlaDecodeParams p, bool q_aligned) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((kSwizzleAtomBytes - shared_address(smem_raw) % kSwizzleAtomBytes) % kSwizzleAtomBytes);
   const int32_t* meta = p.sched.sched_meta + int64_t(blockIdx.z) * kDecodeSchedWords;
-  if (threadIdx.x < kRawStages) {
-    mbarrier_init(raw_full_bar(smem, threadIdx.x), 2 * kGroupThreads);
-    mbarrier_init(raw_free_bar(smem, threadIdx.x), kGroupThreads);
+  if (threadIdx.x < kPtrStages) {
+    mbarrier_init(ptr_full_bar(smem, threadIdx.x), kGroupThreads);
+    mbarrier_init(ptr_free_bar(smem, threadIdx.x), 2 * kGroupThreads);
   }
   __syncthreads();
   const int role = threadIdx.x / kGroupThreads;

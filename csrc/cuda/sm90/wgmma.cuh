@@ -36,6 +36,25 @@ DSV4_SM90_DEVICE void wgmma_64x32x16_ss(float (&d)[4][4], uint64_t a, uint64_t b
       : "l"(a), "l"(b), "r"(1));
 }
 
+// d (64 x 64) += A (64 x 16, K-major smem) * B (16 x 64 given as 64 x 16 K-major smem).
+DSV4_SM90_DEVICE void wgmma_64x64x16_ss(float (&d)[8][4], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      " %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(a), "l"(b), "r"(1));
+}
+
 // d[kFirst .. kFirst + 8) += A (64 x 16 bf16 in registers, mma.sync A layout per warp) * B (16 x 64, N-major smem).
 template <int kFirst, int kTiles>
 DSV4_SM90_DEVICE void wgmma_64x64x16_rs_tn(float (&d)[kTiles][4], const uint32_t (&a)[4], uint64_t b) {
