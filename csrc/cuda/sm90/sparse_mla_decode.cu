@@ -326,11 +326,9 @@ DSV4_SM90_DEVICE EntrySource* ptr_stage(uint8_t* smem, int stage) {
   return reinterpret_cast<EntrySource*>(smem + kPtrOffset + stage * kTile * int(sizeof(EntrySource)));
 }
 
-// One decoder thread's bytes of one entry: its nope items (part + 4 k), the entry's eight scale bytes and its RoPE
-// chunks (2 part, 2 part + 1).
+// One decoder thread's codes of one entry: its nope items (part + 4 k) and the entry's eight scale bytes.
 struct EntryCodes {
   uint4 nope[kDecodeItems];
-  uint4 rope[kDecodeRopeChunks];
   uint2 scales;
 };
 
@@ -347,19 +345,29 @@ DSV4_SM90_DEVICE void load_entry(const EntrySource& src, int part, EntryCodes& c
   for (int k = 0; k < kDecodeItems; ++k)
     c.nope[k] = load_16(src.data + (part + kDecodeThreadsPerEntry * k) * kVectorBytes, aligned);
   c.scales = __ldg(reinterpret_cast<const uint2*>(src.scales));
-#pragma unroll
-  for (int k = 0; k < kDecodeRopeChunks; ++k)
-    c.rope[k] = load_16(src.data + kNopeDim + (kDecodeRopeChunks * part + k) * kVectorBytes, aligned);
 }
 
-// Writes this thread's share of entry e as bf16: nope items part + 4 k (scale byte k) and the RoPE chunks. Invalid
-// entries become zero rows (0 * NaN would poison P V); the common case (every item on the direct route) runs
-// straight through.
-DSV4_SM90_DEVICE void store_entry(const EntryCodes& c, bool ok, int e, int part, uint8_t* tile) {
+// Copies this thread's RoPE chunks (2 part, 2 part + 1) of entry e into the tile by cp.async (zero for an entry
+// that is not attended).
+DSV4_SM90_DEVICE void copy_rope(const uint8_t* data, int e, int part, uint8_t* tile) {
 #pragma unroll
-  for (int k = 0; k < kDecodeRopeChunks; ++k)
-    *reinterpret_cast<uint4*>(tile + kv_offset(e, kNopeChunks + kDecodeRopeChunks * part + k)) =
-        ok ? c.rope[k] : make_uint4(0, 0, 0, 0);
+  for (int k = 0; k < kDecodeRopeChunks; ++k) {
+    const int chunk = kDecodeRopeChunks * part + k;
+    uint8_t* dst = tile + kv_offset(e, kNopeChunks + chunk);
+    if (data == nullptr) {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    } else if (reinterpret_cast<uintptr_t>(data) % kVectorBytes == 0) {
+      cp_async_16(shared_address(dst), data + kNopeDim + chunk * kVectorBytes);
+    } else {
+      cp_async_8(shared_address(dst), data + kNopeDim + chunk * kVectorBytes);
+      cp_async_8(shared_address(dst + kPieceBytes), data + kNopeDim + chunk * kVectorBytes + kPieceBytes);
+    }
+  }
+}
+
+// Writes this thread's nope items of entry e as bf16 (part + 4 k, scale byte k). Invalid entries become zero rows
+// (0 * NaN would poison P V); the common case (every item on the direct route) runs straight through.
+DSV4_SM90_DEVICE void store_entry(const EntryCodes& c, bool ok, int e, int part, uint8_t* tile) {
   uint32_t scales[kDecodeItems];
 #pragma unroll
   for (int k = 0; k < kDecodeItems; ++k) scales[k] = ((k < 4 ? c.scales.x : c.scales.y) >> (8 * (k % 4))) & 0xffu;
@@ -401,7 +409,7 @@ DSV4_SM90_DEVICE void walk_cursor(const SparseMlaDecodeParams& p, const int32_t*
 }
 
 // Decoder warpgroup d (0 or 1) writes entries 32 d .. 32 d + 31 of every tile: it reads the tile's entry addresses
-// and loads every code of its share into registers, then waits for the tile's buffer (g % 2) to be empty, writes
+// and loads the codes of its share into registers (the RoPE chunks, which need no conversion, are copied later), then waits for the tile's buffer (g % 2) to be empty, writes
 // the bf16 rows and its half of the valid mask and hands the tile to the scorer. Lanes 0, 4, .. 28 of warp w hold
 // entries 32 d + 8 w .. + 7, whose valid bits form byte 4 d + w of the tile's mask.
 DSV4_SM90_DEVICE void decode_role(const SparseMlaDecodeParams& p, const int32_t* meta, int d, uint8_t* smem) {
@@ -415,7 +423,11 @@ DSV4_SM90_DEVICE void decode_role(const SparseMlaDecodeParams& p, const int32_t*
     const EntrySource src = ptr_stage(smem, stage)[e];
     EntryCodes codes;
     load_entry(src, part, codes);
+    if (d == 1 && t == 0) walk_cursor(p, meta, smem, g);
+    mbarrier_arrive(ptr_free_bar(smem, stage));
     if (g >= 2) named_sync(kBarEmpty + buffer, kEmptyThreads);
+    copy_rope(src.data, e, part, tile);
+    cp_async_commit();
     const bool ok = src.data != nullptr;
     const uint32_t mask = __ballot_sync(0xffffffffu, ok && part == 0);
     if (t % 32 == 0) {
@@ -424,10 +436,9 @@ DSV4_SM90_DEVICE void decode_role(const SparseMlaDecodeParams& p, const int32_t*
       smem[kValidOffset + 8 * buffer + 4 * d + t / 32] = uint8_t(bits);
     }
     store_entry(codes, ok, e, part, tile);
+    cp_async_wait_all();
     fence_async_shared();
     named_arrive(kBarFull + buffer, kFullThreads);
-    if (d == 1 && t == 0) walk_cursor(p, meta, smem, g);  // here no codes are held in registers
-    mbarrier_arrive(ptr_free_bar(smem, stage));
   }
   // The scorer and valuer are done with the last tile of each buffer.
   for (int buffer = 0; buffer < 2; ++buffer)
