@@ -12,6 +12,15 @@
 
 namespace dsv4::cuda {
 
+// Whether rows at base + i * stride all start on `bytes` boundaries (bytes a power of two).
+inline bool rows_aligned(const void* base, int64_t stride, uintptr_t bytes) {
+  return ((reinterpret_cast<uintptr_t>(base) | uintptr_t(stride)) & (bytes - 1)) == 0;
+}
+// Whether every page of a paged cache starts on `bytes` boundaries.
+inline bool pages_aligned(const PagedCache& cache, uintptr_t bytes) {
+  return rows_aligned(cache.base, cache.block_stride, bytes);
+}
+
 cudaError_t launch_qnorm_rope_kv_insert(const QNormRopeKvInsertParams& p, cudaStream_t stream);
 cudaError_t launch_indexer_q_rope_quant(const IndexerQRopeQuantParams& p, cudaStream_t stream);
 cudaError_t launch_save_partial_states(const SavePartialStatesParams& p, cudaStream_t stream);

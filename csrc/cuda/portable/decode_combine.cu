@@ -15,6 +15,10 @@ constexpr int64_t kMaxRowBlocks = 1 << 20;  // grid.x; larger batches loop
 static_assert(kDimsPerLane % 4 == 0, "whole float4 of every partial per lane");
 
 __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(SparseMlaDecodeParams p) {
+#if !defined(__HIP_PLATFORM_AMD__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of the attention kernel: wait for its grid (and its writes) here.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   const int lane = threadIdx.x % kWarpSize;
   const int64_t h = int64_t(blockIdx.y) * kHeadsPerCta + threadIdx.x / kWarpSize;
   const int64_t rows = p.b * p.s_q, split_rows = p.b + p.sched.num_parts;
@@ -74,8 +78,23 @@ cudaError_t launch_decode_combine(const SparseMlaDecodeParams& p, cudaStream_t s
   const int64_t rows = p.b * p.s_q;
   if (rows == 0 || p.h_q == 0) return cudaSuccess;
   const dim3 grid(unsigned(rows < kMaxRowBlocks ? rows : kMaxRowBlocks), unsigned(ceil_div(p.h_q, kHeadsPerCta)));
+#if defined(__HIP_PLATFORM_AMD__)
   decode_combine_kernel<<<grid, kCombineThreads, 0, stream>>>(p);
   return cudaGetLastError();
+#else
+  // Programmatic dependent launch: the combine's CTAs are scheduled while the attention kernel drains (the kernel
+  // waits for it with griddepcontrol.wait), which hides the launch gap between the two.
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(kCombineThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, decode_combine_kernel, p);
+#endif
 }
 
 }  // namespace dsv4::cuda

@@ -82,17 +82,13 @@ __global__ void __launch_bounds__(kScoreThreads) mqa_logits_kernel(MqaLogitsPara
   }
 }
 
-bool word_aligned(const void* base, int64_t stride) {
-  return ((reinterpret_cast<uintptr_t>(base) | uint64_t(stride)) & 3u) == 0;
-}
-
 }  // namespace
 
 cudaError_t launch_fp8_paged_mqa_logits(const PagedMqaLogitsParams& p, cudaStream_t stream) {
   if (p.batch * p.next_n <= 0 || p.max_context_len <= 0) return cudaSuccess;
   const dim3 grid(unsigned(std::min(ceil_div(p.max_context_len, kScoreThreads), kMaxGridX)),
                   unsigned(std::min(p.batch, kMaxGridY)));
-  paged_mqa_logits_kernel<<<grid, kScoreThreads, 0, stream>>>(p, word_aligned(p.cache.base, p.cache.block_stride));
+  paged_mqa_logits_kernel<<<grid, kScoreThreads, 0, stream>>>(p, pages_aligned(p.cache, 4));
   return cudaGetLastError();
 }
 
@@ -101,7 +97,7 @@ cudaError_t launch_fp8_mqa_logits(const MqaLogitsParams& p, cudaStream_t stream)
   const int64_t tile_keys = score_tile_keys(p.head_dim);
   const dim3 grid(unsigned(std::min(ceil_div(p.num_keys, tile_keys), kMaxGridX)),
                   unsigned(std::min(ceil_div(p.rows, kRaggedRowBlock), kMaxGridY)));
-  mqa_logits_kernel<<<grid, kScoreThreads, 0, stream>>>(p, word_aligned(p.k, p.k_stride));
+  mqa_logits_kernel<<<grid, kScoreThreads, 0, stream>>>(p, rows_aligned(p.k, p.k_stride, 4));
   return cudaGetLastError();
 }
 

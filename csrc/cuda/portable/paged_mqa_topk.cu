@@ -54,8 +54,7 @@ __global__ void __launch_bounds__(kScoreThreads) paged_mqa_topk_kernel(PagedMqaT
 
 cudaError_t launch_fp8_paged_mqa_topk(const PagedMqaTopkParams& p, cudaStream_t stream) {
   if (p.rows <= 0 || p.workspace_rows <= 0) return cudaSuccess;
-  const bool aligned = ((reinterpret_cast<uintptr_t>(p.cache.base) | uint64_t(p.cache.block_stride)) & 3u) == 0;
-  paged_mqa_topk_kernel<<<unsigned(p.workspace_rows), kScoreThreads, 0, stream>>>(p, aligned, false);
+  paged_mqa_topk_kernel<<<unsigned(p.workspace_rows), kScoreThreads, 0, stream>>>(p, pages_aligned(p.cache, 4), false);
   return cudaGetLastError();
 }
 

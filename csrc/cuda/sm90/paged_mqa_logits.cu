@@ -327,7 +327,7 @@ DSV4_SM90_DEVICE void score_chunk_bulk(const Params& p, Smem& s, int64_t request
     const int64_t t0 = c0 + k * kTileKeys, page = t0 / bs;
     const int64_t block = request >= 0 && t0 < key_end && page < p.max_blocks ? index_at(p.block_table, request, page)
                                                                                 : -1;
-    s.blocks[k] = block >= 0 && block < p.cache.num_blocks ? block : -1;
+    s.blocks[k] = present(p.cache, block) ? block : -1;
   }
   __syncthreads();
   const auto issue = [&](int64_t k) {  // thread 0
@@ -416,8 +416,7 @@ int heads_padded(int64_t heads) { return heads <= 16 ? 16 : heads <= 32 ? 32 : h
 // Whether the Hopper kernel takes these scores; otherwise the portable tier does (same contract).
 bool covered(int64_t heads, int64_t head_dim, int64_t rows_per_group, const PagedCache& cache) {
   const int64_t cols = int64_t(heads_padded(heads)) * rows_per_group;
-  const bool word_aligned = ((reinterpret_cast<uintptr_t>(cache.base) | uintptr_t(cache.block_stride)) & 3u) == 0;
-  return head_dim == kDim && heads >= 1 && heads <= kMaxCols && cols <= kMaxCols && word_aligned &&
+  return head_dim == kDim && heads >= 1 && heads <= kMaxCols && cols <= kMaxCols && pages_aligned(cache, 4) &&
          cache.block_size >= 1;
 }
 
@@ -460,7 +459,7 @@ template <typename Params>
 cudaError_t launch_indexer_scores(const Params& p, int64_t rows_per_group, int64_t num_groups, int64_t width,
                                   cudaStream_t stream) {
   if (num_groups <= 0 || width <= 0) return cudaSuccess;
-  const bool vector = ((reinterpret_cast<uintptr_t>(p.cache.base) | uintptr_t(p.cache.block_stride)) & 15u) == 0;
+  const bool vector = pages_aligned(p.cache, 16);
   if (vector && p.cache.block_size % kTileKeys == 0) {
     return dispatch_scores<KeyPath::bulk>(p, rows_per_group, num_groups, width, stream);
   }

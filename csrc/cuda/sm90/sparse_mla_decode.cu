@@ -425,7 +425,7 @@ DSV4_SM90_DEVICE void decode_role(const SparseMlaDecodeParams& p, const int32_t*
     load_entry(src, part, codes);
     if (d == 1 && t == 0) walk_cursor(p, meta, smem, g);
     mbarrier_arrive(ptr_free_bar(smem, stage));
-    if (g >= 2) named_sync(kBarEmpty + buffer, kEmptyThreads);
+    if (g >= 2) named_sync(kBarEmpty + buffer, kEmptyThreads);  // the first two tiles' buffers start empty
     copy_rope(src.data, e, part, tile);
     cp_async_commit();
     const bool ok = src.data != nullptr;
@@ -460,10 +460,10 @@ struct Publisher {
   }
 
   DSV4_SM90_DEVICE void start(const SparseMlaDecodeParams& p, const int32_t* meta) {
-    total = partition_tiles(p, meta);
     TileCursor c = first_tile(p, meta);
     for (int x = 0; x < kIndexLead; ++x) copy_index(p, c, x), next_tile(p, meta, c);
     cp_async_commit();
+    total = partition_tiles(p, meta);  // walked while the first index copies are in flight
     for (int k = kIndexLead; k < kWalkAhead; ++k) {
       if (threadIdx.x % kGroupThreads == 0) *cursor_slot(smem, k) = c;
       next_tile(p, meta, c);
@@ -712,7 +712,7 @@ constexpr uintptr_t kPieceAlign = kPieceBytes, kVectorAlign = 16;
 
 bool cache_is_aligned(const SparseIndexSet& set) {
   if (set.indices == nullptr) return true;
-  return (reinterpret_cast<uintptr_t>(set.cache.base) | uintptr_t(set.cache.block_stride)) % kPieceAlign == 0;
+  return pages_aligned(set.cache, kPieceAlign);
 }
 
 bool covered(const SparseMlaDecodeParams& p) {
