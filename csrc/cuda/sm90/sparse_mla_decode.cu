@@ -3,9 +3,9 @@
 // S = Q K^T, the online softmax and O += P V for output dims 0-255 on wgmma, and hands P and the row rescale factors
 // to the valuer (warpgroup 1) through shared memory; the valuer runs O += P V for dims 256-511 and also publishes
 // each tile's entry addresses several tiles ahead (the index values travel further ahead through a shared-memory
-// ring, so no thread waits on an index load); two decoders (warpgroups 2 and 3, one per K/V tile, alternate tiles)
-// load a tile's codes straight into registers before its buffer is free and then write it as bf16. Tiles and P
-// are handed over with named barriers, the address ring with mbarriers.
+// ring, so no thread waits on an index load); two decoders (warpgroups 2 and 3, half of every tile each) load a
+// tile's codes straight into registers before its buffer (two K/V tiles alternate) is free and then write it as
+// bf16. Tiles and P are handed over with named barriers, the address ring with mbarriers.
 #include <cmath>
 
 #include "common/decode_schedule.h"
@@ -24,7 +24,7 @@ constexpr int kDecodeThreadsPerEntry = 4;  // each decoder writes half of every 
 constexpr int kDecodeHalfEntries = kGroupThreads / kDecodeThreadsPerEntry;
 static_assert(2 * kDecodeHalfEntries == kTile, "two decoders cover a tile");
 constexpr int kPublishThreadsPerEntry = kGroupThreads / kTile;
-constexpr int kScorer = 0, kDecoder = 2;  // warpgroup 0 scores, 1 values and publishes, 2 and 3 decode (alternate)
+constexpr int kScorer = 0, kDecoder = 2;  // warpgroup 0 scores, 1 values and publishes, 2 and 3 decode
 constexpr int kScorerRegs = 192, kValuerRegs = 176, kDecoderRegs = 72;  // setmaxnreg: 192 + 176 + 2 x 72 = 4 x 128
 static_assert(kScorerRegs + kValuerRegs + 2 * kDecoderRegs <= 4 * 128,
               "setmaxnreg.inc waits for registers the decoders released: never more than the CTA holds");
@@ -70,7 +70,8 @@ constexpr int kCursorOffset = kValidOffset + 2 * 8;  // ring of the index copies
 constexpr int kCursorSlots = 8, kCursorBytes = 128;
 constexpr int kWalkAhead = kIndexLead + kPtrStages;
 static_assert(kCursorSlots >= kWalkAhead - kIndexLead, "a cursor is read before the walker rewrites its slot");
-constexpr int kMbarOffset = kCursorOffset + kCursorSlots * kCursorBytes;  // address stage s full at + 8 s, free at + 8 (S + s)
+// Address stage s: full barrier at kMbarOffset + 8 s, free barrier at kMbarOffset + 8 (kPtrStages + s).
+constexpr int kMbarOffset = kCursorOffset + kCursorSlots * kCursorBytes;
 constexpr int kSmemBytes = kMbarOffset + 2 * kPtrStages * 8 + kSwizzleAtomBytes;  // + alignment slack
 static_assert(kProbsOffset % 16 == 0 && kPtrOffset % 16 == 0 && kValidOffset % 8 == 0 && kMbarOffset % 8 == 0,
               "aligned handover, addresses and barriers");
@@ -318,7 +319,9 @@ DSV4_SM90_DEVICE EntrySource entry_source(const SparseMlaDecodeParams& p, const 
 
 // Address stage s has two mbarriers: full (the valuer's 128 threads arrive after writing it) and free (the
 // decoders' 256 threads arrive after reading it).
-DSV4_SM90_DEVICE uint32_t ptr_full_bar(uint8_t* smem, int stage) { return shared_address(smem + kMbarOffset + 8 * stage); }
+DSV4_SM90_DEVICE uint32_t ptr_full_bar(uint8_t* smem, int stage) {
+  return shared_address(smem + kMbarOffset + 8 * stage);
+}
 DSV4_SM90_DEVICE uint32_t ptr_free_bar(uint8_t* smem, int stage) {
   return shared_address(smem + kMbarOffset + 8 * (kPtrStages + stage));
 }
@@ -409,9 +412,10 @@ DSV4_SM90_DEVICE void walk_cursor(const SparseMlaDecodeParams& p, const int32_t*
 }
 
 // Decoder warpgroup d (0 or 1) writes entries 32 d .. 32 d + 31 of every tile: it reads the tile's entry addresses
-// and loads the codes of its share into registers (the RoPE chunks, which need no conversion, are copied later), then waits for the tile's buffer (g % 2) to be empty, writes
-// the bf16 rows and its half of the valid mask and hands the tile to the scorer. Lanes 0, 4, .. 28 of warp w hold
-// entries 32 d + 8 w .. + 7, whose valid bits form byte 4 d + w of the tile's mask.
+// and loads the codes of its share into registers, then waits for the tile's buffer (g % 2) to be empty, copies
+// the RoPE chunks (no conversion: cp.async), writes the bf16 rows and its half of the valid mask and hands the tile
+// to the scorer. Lanes 0, 4, .. 28 of warp w hold entries 32 d + 8 w .. + 7, whose valid bits form byte 4 d + w of
+// the tile's mask.
 DSV4_SM90_DEVICE void decode_role(const SparseMlaDecodeParams& p, const int32_t* meta, int d, uint8_t* smem) {
   const int t = threadIdx.x % kGroupThreads, part = t % kDecodeThreadsPerEntry;
   const int e = kDecodeHalfEntries * d + t / kDecodeThreadsPerEntry;
