@@ -123,40 +123,52 @@ DSV4_SM90_DEVICE void rescale_row(RowState& st, int r, float alpha) {
   }
 }
 
+// Row r's sum or max of this thread's 16 values of a tile (columns 8 t + 2 (lane & 3) + j): a tree of independent
+// steps rather than one 16-long dependent chain.
+template <typename Op>
+DSV4_SM90_DEVICE float row_reduce(const float (&s)[kScoreTiles][4], int r, Op op) {
+  float v[kScoreTiles];
+#pragma unroll
+  for (int t = 0; t < kScoreTiles; ++t) v[t] = op(s[t][2 * r], s[t][2 * r + 1]);
+#pragma unroll
+  for (int width = kScoreTiles / 2; width >= 1; width /= 2)
+#pragma unroll
+    for (int t = 0; t < width; ++t) v[t] = op(v[t], v[t + width]);
+  return v[0];
+}
+
 // Online softmax of one tile: masks invalid entries, raises the running max, rescales O and the sums, and returns
 // P as bf16 A fragments (k16 step kk covers entries 16 kk .. +16).
 DSV4_SM90_DEVICE void softmax_tile(float (&s)[kScoreTiles][4], uint64_t valid, float scale_log2, int lane,
                                    RowState& st, uint32_t (&p)[kPvSteps][4], float (&alpha)[2]) {
-  const int quad_col = 2 * (lane & 3);
-  float block_max[2] = {-INFINITY, -INFINITY};
+  const uint64_t mine = valid >> (2 * (lane & 3));  // bit 8 t + j: column 8 t + 2 (lane & 3) + j is valid
 #pragma unroll
   for (int t = 0; t < kScoreTiles; ++t)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const bool ok = (valid >> (8 * t + quad_col + (i & 1))) & 1u;
+      const bool ok = (mine >> (8 * t + (i & 1))) & 1u;
       s[t][i] = ok ? s[t][i] * scale_log2 : -INFINITY;
-      block_max[i / 2] = fmaxf(block_max[i / 2], s[t][i]);
     }
+  const auto max_op = [](float x, float y) { return fmaxf(x, y); };
+  const auto sum_op = [](float x, float y) { return x + y; };
   float offset[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float m = block_max[r];
+    float m = row_reduce(s, r, max_op);
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
     const float new_max = fmaxf(st.max[r], m);
     offset[r] = new_max == -INFINITY ? 0.0f : new_max;  // nothing valid yet: every weight is exp2(-inf) = 0
     alpha[r] = st.max[r] == new_max ? 1.0f : fast_exp2(st.max[r] - offset[r]);
     st.max[r] = new_max;
-    st.sum[r] *= alpha[r];
     rescale_row(st, r, alpha[r]);
   }
 #pragma unroll
   for (int t = 0; t < kScoreTiles; ++t)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      s[t][i] = fast_exp2(s[t][i] - offset[i / 2]);
-      st.sum[i / 2] += s[t][i];
-    }
+    for (int i = 0; i < 4; ++i) s[t][i] = fast_exp2(s[t][i] - offset[i / 2]);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) st.sum[r] = st.sum[r] * alpha[r] + row_reduce(s, r, sum_op);
 #pragma unroll
   for (int kk = 0; kk < kPvSteps; ++kk) {
     p[kk][0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
