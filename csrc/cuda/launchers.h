@@ -43,7 +43,9 @@ cudaError_t launch_sparse_mla_prefill(const SparseMlaPrefillParams& p, cudaStrea
 cudaError_t launch_sparse_mla_decode(const SparseMlaDecodeParams& p, cudaStream_t stream);
 // The pieces the Hopper tier shares with the portable one.
 cudaError_t launch_decode_schedule(const SparseMlaDecodeParams& p, cudaStream_t stream);  // one-thread planner
-cudaError_t launch_decode_combine(const SparseMlaDecodeParams& p, cudaStream_t stream);  // merges split pieces
+// Merges split pieces. `dependent`: launch it as a programmatic dependent of the attention kernel just launched (its
+// CTAs are scheduled while that kernel drains), where the combine's code for this device waits for it.
+cudaError_t launch_decode_combine(const SparseMlaDecodeParams& p, cudaStream_t stream, bool dependent = false);
 #if defined(DSV4_HAVE_SM90)
 cudaError_t launch_sparse_mla_decode_sm90(const SparseMlaDecodeParams& p, cudaStream_t stream);
 // Indexer scores on Hopper; shapes the kernel does not take go to the portable tier.

@@ -2,6 +2,8 @@
 // output and lse from the pieces' fp32 partials through their lse (requests with one piece were written by the
 // attention kernel). One warp per (query row, head), kHeadsPerCta heads per CTA, so a step without split requests
 // costs one small wave of CTAs that read the plan and leave; fixed-order reductions keep it deterministic.
+#include <atomic>
+
 #include "cuda/launchers.h"
 #include "cuda/portable/sparse_mla_common.cuh"
 
@@ -16,8 +18,7 @@ static_assert(kDimsPerLane % 4 == 0, "whole float4 of every partial per lane");
 
 __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(SparseMlaDecodeParams p) {
 #if !defined(__HIP_PLATFORM_AMD__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Launched as a programmatic dependent of the attention kernel: wait for its grid (and its writes) here.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  cudaGridDependencySynchronize();  // launched as a programmatic dependent: the attention grid and its writes first
 #endif
   const int lane = threadIdx.x % kWarpSize;
   const int64_t h = int64_t(blockIdx.y) * kHeadsPerCta + threadIdx.x / kWarpSize;
@@ -72,29 +73,50 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(SparseM
   }
 }
 
+#if !defined(__HIP_PLATFORM_AMD__)
+// Whether the combine's code on the current device was built for compute 9.0 or newer, i.e. waits for the grid it
+// depends on (code JIT-compiled from older PTX does not, and must not be launched as a programmatic dependent).
+bool combine_waits_for_predecessor() {
+  constexpr int kDevices = 64;
+  static std::atomic<int> known[kDevices] = {};  // 0 not asked yet, 1 no, 2 yes
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) return false;
+  if (known[device].load() == 0) {
+    cudaFuncAttributes attributes = {};
+    const bool waits = cudaFuncGetAttributes(&attributes, decode_combine_kernel) == cudaSuccess &&
+                       attributes.ptxVersion >= 90;
+    known[device].store(waits ? 2 : 1);
+  }
+  return known[device].load() == 2;
+}
+#endif
+
 }  // namespace
 
-cudaError_t launch_decode_combine(const SparseMlaDecodeParams& p, cudaStream_t stream) {
+cudaError_t launch_decode_combine(const SparseMlaDecodeParams& p, cudaStream_t stream, bool dependent) {
   const int64_t rows = p.b * p.s_q;
   if (rows == 0 || p.h_q == 0) return cudaSuccess;
   const dim3 grid(unsigned(rows < kMaxRowBlocks ? rows : kMaxRowBlocks), unsigned(ceil_div(p.h_q, kHeadsPerCta)));
-#if defined(__HIP_PLATFORM_AMD__)
+#if !defined(__HIP_PLATFORM_AMD__)
+  if (dependent && combine_waits_for_predecessor()) {
+    // Programmatic dependent launch: the combine's CTAs are scheduled while the attention kernel drains (the
+    // kernel waits for it with cudaGridDependencySynchronize), which hides the launch gap between the two.
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = dim3(kCombineThreads);
+    config.stream = stream;
+    cudaLaunchAttribute attribute = {};
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    return cudaLaunchKernelEx(&config, decode_combine_kernel, p);
+  }
+#else
+  (void)dependent;
+#endif
   decode_combine_kernel<<<grid, kCombineThreads, 0, stream>>>(p);
   return cudaGetLastError();
-#else
-  // Programmatic dependent launch: the combine's CTAs are scheduled while the attention kernel drains (the kernel
-  // waits for it with griddepcontrol.wait), which hides the launch gap between the two.
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(kCombineThreads);
-  config.stream = stream;
-  cudaLaunchAttribute attribute = {};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, decode_combine_kernel, p);
-#endif
 }
 
 }  // namespace dsv4::cuda

@@ -76,7 +76,7 @@ constexpr int kSmemBytes = kMbarOffset + 2 * kPtrStages * 8 + kSwizzleAtomBytes;
 static_assert(kProbsOffset % 16 == 0 && kPtrOffset % 16 == 0 && kValidOffset % 8 == 0 && kMbarOffset % 8 == 0,
               "aligned handover, addresses and barriers");
 static_assert(kSmemBytes <= 227 * 1024, "fits the opt-in shared memory of one CTA");
-static_assert(kCursorOffset % 16 == 0, "aligned cursors");
+static_assert(kCursorOffset % 16 == 0 && kIndexOffset % 8 == 0, "aligned cursors and index slots");
 
 // Byte offset of 16-byte chunk c of row r in a K/V tile (128-byte swizzle, slabs of 64 dims).
 DSV4_SM90_DEVICE uint32_t kv_offset(int row, int chunk) {
@@ -477,8 +477,11 @@ struct Publisher {
 
   DSV4_SM90_DEVICE void start(const SparseMlaDecodeParams& p, const int32_t* meta) {
     TileCursor c = first_tile(p, meta);
-    for (int x = 0; x < kIndexLead; ++x) copy_index(p, c, x), next_tile(p, meta, c);
-    cp_async_commit();
+    for (int x = 0; x < kIndexLead; ++x) {  // one group per tile, as publish's wait counts them
+      copy_index(p, c, x);
+      cp_async_commit();
+      next_tile(p, meta, c);
+    }
     total = partition_tiles(p, meta);  // walked while the first index copies are in flight
     for (int k = kIndexLead; k < kWalkAhead; ++k) {
       if (threadIdx.x % kGroupThreads == 0) *cursor_slot(smem, k) = c;
@@ -653,6 +656,7 @@ DSV4_SM90_DEVICE void score_role(const SparseMlaDecodeParams& p, const int32_t* 
     }
     finish_rows(p, piece, s, head0, row_group, 0, lane, st);
   }
+  cp_async_wait_all();  // a q copy for a request whose piece was passed over may still be in flight
 }
 
 // Valuer warpgroup: keeps the published entry addresses kPublishLead tiles ahead; per tile takes P and the rescale
@@ -759,7 +763,7 @@ cudaError_t launch_sparse_mla_decode_sm90(const SparseMlaDecodeParams& p, cudaSt
   sparse_mla_decode_sm90_kernel<<<grid, kCtaThreads, kSmemBytes, stream>>>(p, q_bits % kVectorAlign == 0);
   const cudaError_t launched = cudaGetLastError();
   if (launched != cudaSuccess) return launched;
-  return launch_decode_combine(p, stream);
+  return launch_decode_combine(p, stream, true);
 }
 
 }  // namespace dsv4::cuda
