@@ -20,7 +20,6 @@ constexpr int kNopeDim = 448;
 constexpr int kEntryDataBytes = 576, kEntryScaleBytes = 8;
 constexpr int kVectorBytes = 16;
 constexpr int kPieceBytes = 8;  // gather granularity of pages that are only 8-byte aligned
-constexpr int kDataPieces = kEntryDataBytes / kPieceBytes;
 constexpr int kNopeChunks = kNopeDim / kChunkElems;
 
 // Byte offset of chunk c of row r in a tile: 8 column slabs of 64 values, each 64 rows of 128 bytes whose 16-byte

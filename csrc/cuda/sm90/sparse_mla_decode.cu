@@ -45,9 +45,7 @@ constexpr int kQkSteps = kDim / 16;
 constexpr int kPvSteps = kTile / 16;
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
-constexpr int kQSlabBytes = kHeadsPerCta * kRowBytes;  // 8 KB
-constexpr int kKvSlabBytes = kTile * kRowBytes;  // 8 KB
-constexpr int kKvTileBytes = kDim / kSlabDims * kKvSlabBytes;  // 64 KB
+static_assert(kTile == kHeadsPerCta, "a K/V tile has the q tile's shape and layout (tile_offset, kSlabBytes)");
 constexpr int kNopeItems = kNopeDim / kVectorBytes;  // 28 16-byte items of codes
 constexpr int kDecodeItems = kNopeItems / kDecodeThreadsPerEntry;  // per decoder thread and entry
 constexpr int kRopeChunks = (kDim - kNopeDim) / kChunkElems;  // 8 16-byte chunks of bf16 RoPE values
@@ -55,10 +53,10 @@ constexpr int kDecodeRopeChunks = kRopeChunks / kDecodeThreadsPerEntry;
 
 // Dynamic shared memory (from a 1024-aligned base).
 constexpr int kQOffset = 0;
-constexpr int kKvOffset = kQOffset + kTileBytes;
+constexpr int kKvOffset = kQOffset + kTileBytes;  // two K/V tiles
 // P handover, per tile: this thread's P fragments (kPvSteps 16-byte words), then (alpha0, alpha1, max0, max1), then
 // (sum0, sum1), each field thread-major so that the stores and loads are conflict-free.
-constexpr int kProbsOffset = kKvOffset + 2 * kKvTileBytes;
+constexpr int kProbsOffset = kKvOffset + 2 * kTileBytes;
 constexpr int kProbsSlotBytes = kGroupThreads * (16 * kPvSteps + 16 + 8);
 constexpr int kPtrOffset = kProbsOffset + 2 * kProbsSlotBytes;  // kPtrStages x kTile EntrySource
 constexpr int kIndexLead = 4;  // tiles whose indices are copied ahead of the one published
@@ -77,11 +75,6 @@ static_assert(kProbsOffset % 16 == 0 && kPtrOffset % 16 == 0 && kValidOffset % 8
               "aligned handover, addresses and barriers");
 static_assert(kSmemBytes <= 227 * 1024, "fits the opt-in shared memory of one CTA");
 static_assert(kCursorOffset % 16 == 0 && kIndexOffset % 8 == 0, "aligned cursors and index slots");
-
-// Byte offset of 16-byte chunk c of row r in a K/V tile (128-byte swizzle, slabs of 64 dims).
-DSV4_SM90_DEVICE uint32_t kv_offset(int row, int chunk) {
-  return uint32_t((chunk / kSlabChunks) * kKvSlabBytes + row * kRowBytes + (((chunk % kSlabChunks) ^ (row & 7)) * 16));
-}
 
 struct RowState {
   float o[kValueTiles][4];
@@ -103,7 +96,8 @@ DSV4_SM90_DEVICE void issue_scores(uint32_t q_base, uint32_t kv_base, float (&s)
 #pragma unroll
   for (int kk = 0; kk < kQkSteps; ++kk) {
     const uint32_t slab = kk / kSlabSteps, step = (kk % kSlabSteps) * 32;
-    wgmma_64x64x16_ss(s, q_desc + ((slab * kQSlabBytes + step) >> 4), k_desc + ((slab * kKvSlabBytes + step) >> 4));
+    const uint32_t offset = slab * kSlabBytes + step;
+    wgmma_64x64x16_ss(s, q_desc + (offset >> 4), k_desc + (offset >> 4));
   }
   wgmma_commit();
 }
@@ -184,7 +178,7 @@ template <int kSlab = 0>
 DSV4_SM90_DEVICE void slab_values(uint32_t kv_base, const uint32_t (&p)[kPvSteps][4], int half, RowState& st) {
 #pragma unroll
   for (int kk = 0; kk < kPvSteps; ++kk) {
-    const uint32_t address = kv_base + uint32_t((kHalfSlabs * half + kSlab) * kKvSlabBytes + kk * 16 * kRowBytes);
+    const uint32_t address = kv_base + uint32_t((kHalfSlabs * half + kSlab) * kSlabBytes + kk * 16 * kRowBytes);
     wgmma_64x64x16_rs_tn<8 * kSlab>(st.o, p[kk], swizzled_descriptor(address, kSwizzleAtomBytes, kSwizzleAtomBytes));
   }
   if constexpr (kSlab + 1 < kHalfSlabs) slab_values<kSlab + 1>(kv_base, p, half, st);
@@ -341,6 +335,9 @@ DSV4_SM90_DEVICE EntrySource* ptr_stage(uint8_t* smem, int stage) {
   return reinterpret_cast<EntrySource*>(smem + kPtrOffset + stage * kTile * int(sizeof(EntrySource)));
 }
 
+DSV4_SM90_DEVICE uint8_t* index_slot(uint8_t* smem, int slot) { return smem + kIndexOffset + slot * kTile * 8; }
+DSV4_SM90_DEVICE uint8_t* flag_slot(uint8_t* smem, int slot) { return smem + kIndexFlagOffset + slot * kTile; }
+
 // One decoder thread's codes of one entry: its nope items (part + 4 k) and the entry's eight scale bytes.
 struct EntryCodes {
   uint4 nope[kDecodeItems];
@@ -368,7 +365,7 @@ DSV4_SM90_DEVICE void copy_rope(const uint8_t* data, int e, int part, uint8_t* t
 #pragma unroll
   for (int k = 0; k < kDecodeRopeChunks; ++k) {
     const int chunk = kDecodeRopeChunks * part + k;
-    uint8_t* dst = tile + kv_offset(e, kNopeChunks + chunk);
+    uint8_t* dst = tile + tile_offset(e, kNopeChunks + chunk);
     if (data == nullptr) {
       *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
     } else if (reinterpret_cast<uintptr_t>(data) % kVectorBytes == 0) {
@@ -395,16 +392,16 @@ DSV4_SM90_DEVICE void store_entry(const EntryCodes& c, bool ok, int e, int part,
       const int item = part + kDecodeThreadsPerEntry * k;
       uint4 first, second;
       decode_nope_16_direct(c.nope[k], scales[k], first, second);
-      *reinterpret_cast<uint4*>(tile + kv_offset(e, 2 * item)) = first;
-      *reinterpret_cast<uint4*>(tile + kv_offset(e, 2 * item + 1)) = second;
+      *reinterpret_cast<uint4*>(tile + tile_offset(e, 2 * item)) = first;
+      *reinterpret_cast<uint4*>(tile + tile_offset(e, 2 * item + 1)) = second;
     }
   } else {
     for (int k = 0; k < kDecodeItems; ++k) {
       const int item = part + kDecodeThreadsPerEntry * k;
       uint4 first = make_uint4(0, 0, 0, 0), second = first;
       if (ok) decode_nope_16(c.nope[k], uint8_t(scales[k]), first, second);
-      *reinterpret_cast<uint4*>(tile + kv_offset(e, 2 * item)) = first;
-      *reinterpret_cast<uint4*>(tile + kv_offset(e, 2 * item + 1)) = second;
+      *reinterpret_cast<uint4*>(tile + tile_offset(e, 2 * item)) = first;
+      *reinterpret_cast<uint4*>(tile + tile_offset(e, 2 * item + 1)) = second;
     }
   }
 }
@@ -434,7 +431,7 @@ DSV4_SM90_DEVICE void decode_role(const SparseMlaDecodeParams& p, const int32_t*
   const int64_t total = partition_tiles(p, meta);
   for (int64_t g = 0; g < total; ++g) {
     const int stage = int(g % kPtrStages), buffer = int(g % 2);
-    uint8_t* tile = smem + kKvOffset + buffer * kKvTileBytes;
+    uint8_t* tile = smem + kKvOffset + buffer * kTileBytes;
     mbarrier_wait(ptr_full_bar(smem, stage), uint32_t(g / kPtrStages) & 1u);
     const EntrySource src = ptr_stage(smem, stage)[e];
     EntryCodes codes;
@@ -472,7 +469,7 @@ struct Publisher {
   DSV4_SM90_DEVICE void copy_index(const SparseMlaDecodeParams& p, const TileCursor& c, int64_t x) {
     const int slot = int(x % kIndexSlots);
     if (part == 0)
-      issue_index_copy(p, c, s, e, smem + kIndexOffset + slot * kTile * 8, smem + kIndexFlagOffset + slot * kTile);
+      issue_index_copy(p, c, s, e, index_slot(smem, slot), flag_slot(smem, slot));
   }
 
   DSV4_SM90_DEVICE void start(const SparseMlaDecodeParams& p, const int32_t* meta) {
@@ -498,8 +495,7 @@ struct Publisher {
     cp_async_wait_group<kIndexLead - 1>();  // the group that carried tile x's indices
     __syncwarp();
     if (part == 0)
-      ptr_stage(smem, stage)[e] =
-          entry_source(p, smem + kIndexOffset + slot * kTile * 8, smem + kIndexFlagOffset + slot * kTile, e);
+      ptr_stage(smem, stage)[e] = entry_source(p, index_slot(smem, slot), flag_slot(smem, slot), e);
     copy_index(p, *cursor_slot(smem, x + kIndexLead), x + kIndexLead);
     cp_async_commit();
     mbarrier_arrive(ptr_full_bar(smem, stage));
@@ -628,7 +624,7 @@ DSV4_SM90_DEVICE void score_role(const SparseMlaDecodeParams& p, const int32_t* 
     clear_rows(st);
     for (int64_t i = 0; i < piece.tiles; ++i, ++g) {
       const int tile = int(g % 2);
-      const uint32_t kv_tile = kv_base + tile * kKvTileBytes;
+      const uint32_t kv_tile = kv_base + tile * kTileBytes;
       named_sync(kBarFull + tile, kFullThreads);
       float scores[kScoreTiles][4];
       issue_scores(q_base, kv_tile, scores);
@@ -692,7 +688,7 @@ DSV4_SM90_DEVICE void value_role(const SparseMlaDecodeParams& p, const int32_t* 
       rescale_row(st, 0, scale_max.x);
       rescale_row(st, 1, scale_max.y);
       wgmma_fence();
-      slab_values(kv_base + tile * kKvTileBytes, probs, 1, st);
+      slab_values(kv_base + tile * kTileBytes, probs, 1, st);
       wgmma_commit();
       wgmma_wait_all();
       named_arrive(kBarEmpty + tile, kEmptyThreads);
