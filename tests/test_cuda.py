@@ -1,7 +1,7 @@
 """CUDA-only contract: the decode split plan (also checked on the CPU), FlashMLA's plan-on-first-use protocol on
-the device, CUDA-graph capture and replay of decode, no host synchronisation, and out-of-range values handled on
-the device. The kernels' numerics run in the CPU test grids (the "cuda" tiers of the isa fixture and the opcheck
-fixture); torch.compile on CUDA tensors is in test_compile.py."""
+the device, CUDA-graph capture and replay of decode, no host synchronisation, out-of-range values handled on the
+device, and prefill with many tokens per CTA. The kernels' numerics run in the CPU test grids (the "cuda" tiers of
+the isa fixture and the opcheck fixture); torch.compile on CUDA tensors is in test_compile.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,14 @@ import torch
 from conftest import CUDA_TIERS
 from dsv4 import cache, flash_mla, ops
 from dsv4.reference import attention
-from sparse_mla_cases import DecodeCase, assert_attention_close, decode_inputs
+from sparse_mla_cases import (
+    DecodeCase,
+    PrefillCase,
+    assert_attention_close,
+    decode_inputs,
+    prefill_inputs,
+    reference_prefill,
+)
 from test_flash_mla_api import flashmla_kwargs
 
 needs_cuda = pytest.mark.skipif(not CUDA_TIERS, reason="needs a GPU and dsv4._C_cuda")
@@ -150,3 +157,34 @@ def test_out_of_range_slots_write_nothing_on_the_device():
     ops.quantize_kv_insert(torch.randn(3, 512, device="cuda").bfloat16(), slots, kv_cache, block_size)
     torch.cuda.synchronize()
     assert torch.equal(kv_cache, before)
+
+
+# Hopper prefill runs persistent CTAs over consecutive tokens: enough tokens that every CTA takes several, with
+# both head-group counts, int64 indices and varied lengths (zeros included), and a kv row stride that is not
+# 16-byte aligned (the portable tier's).
+PREFILL_CASES = [
+    (PrefillCase(s_q=700, h_q=64, s_kv=1500, topk=640, topk_length=True), 0),
+    (PrefillCase(s_q=300, h_q=128, s_kv=3000, topk=1152, index_dtype=torch.int64), 0),
+    (PrefillCase(s_q=400, h_q=16, s_kv=900, topk=200, topk_length=True, sink=False), 0),
+    (PrefillCase(s_q=50, h_q=64, s_kv=700, topk=512), 3),
+]
+
+
+@needs_cuda
+@pytest.mark.parametrize("tier", CUDA_TIERS)
+@pytest.mark.parametrize("case,misalign", PREFILL_CASES, ids=[f"{c}-{m}" for c, m in PREFILL_CASES])
+def test_prefill_many_tokens_per_cta(tier, case, misalign, monkeypatch):
+    if tier == "cuda-portable":
+        monkeypatch.setenv("DSV4_CUDA_TIER", "portable")
+    args = prefill_inputs(case)
+    if args["topk_length"] is not None:
+        args["topk_length"][::7] = 0
+    if misalign:  # same rows at a stride of 512 + misalign elements
+        wide = torch.full((case.s_kv, 1, case.d_qk + misalign), float("nan")).bfloat16()
+        wide[..., : case.d_qk] = args["kv"]
+        args["kv"] = wide[..., : case.d_qk]
+    out, max_logits, lse = ops.sparse_mla_prefill(**on_cuda(args))
+    ref_out, ref_max, ref_lse = reference_prefill(args)
+    assert_attention_close(out.cpu(), lse.cpu(), ref_out, ref_lse, max_logits.cpu(), ref_max)
+    again = ops.sparse_mla_prefill(**on_cuda(args))
+    assert torch.equal(out, again[0]) and torch.equal(lse, again[2]), "same inputs, same bits"

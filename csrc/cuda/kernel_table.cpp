@@ -91,7 +91,7 @@ const KernelTable& kernels() {
       DSV4_WRAP_TIERED(fp8_paged_mqa_topk),
       DSV4_WRAP_TIERED(sparse_mla_decode),
       [](const auto& p) { check_launch("sparse_mla_decode_schedule", launch_decode_schedule(p, current_stream())); },
-      DSV4_WRAP(sparse_mla_prefill),
+      DSV4_WRAP_TIERED(sparse_mla_prefill),
   };
   return table;
 }

@@ -48,6 +48,8 @@ cudaError_t launch_decode_schedule(const SparseMlaDecodeParams& p, cudaStream_t 
 cudaError_t launch_decode_combine(const SparseMlaDecodeParams& p, cudaStream_t stream, bool dependent = false);
 #if defined(DSV4_HAVE_SM90)
 cudaError_t launch_sparse_mla_decode_sm90(const SparseMlaDecodeParams& p, cudaStream_t stream);
+// MODEL1-shaped prefill (d_qk = d_v = 512, 16-byte aligned kv rows) on the decode's Hopper kernel; else portable.
+cudaError_t launch_sparse_mla_prefill_sm90(const SparseMlaPrefillParams& p, cudaStream_t stream);
 // Indexer scores on Hopper; shapes the kernel does not take go to the portable tier.
 cudaError_t launch_fp8_paged_mqa_logits_sm90(const PagedMqaLogitsParams& p, cudaStream_t stream);
 cudaError_t launch_fp8_paged_mqa_topk_sm90(const PagedMqaTopkParams& p, cudaStream_t stream);

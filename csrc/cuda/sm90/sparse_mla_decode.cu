@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "common/decode_schedule.h"
+#include "cuda/kernel_table.h"
 #include "cuda/launchers.h"
 #include "cuda/portable/sparse_mla_common.cuh"
 #include "cuda/sm90/decode_tiles.cuh"
@@ -69,7 +70,8 @@ constexpr int kCursorSlots = 8, kCursorBytes = 128;
 constexpr int kWalkAhead = kIndexLead + kPtrStages;
 static_assert(kCursorSlots >= kWalkAhead - kIndexLead, "a cursor is read before the walker rewrites its slot");
 // Address stage s: full barrier at kMbarOffset + 8 s, free barrier at kMbarOffset + 8 (kPtrStages + s).
-constexpr int kMbarOffset = kCursorOffset + kCursorSlots * kCursorBytes;
+constexpr int kMetaOffset = kCursorOffset + kCursorSlots * kCursorBytes;  // this CTA's partition (8 words)
+constexpr int kMbarOffset = kMetaOffset + int(kDecodeSchedWords) * 4;
 constexpr int kSmemBytes = kMbarOffset + 2 * kPtrStages * 8 + kSwizzleAtomBytes;  // + alignment slack
 static_assert(kProbsOffset % 16 == 0 && kPtrOffset % 16 == 0 && kValidOffset % 8 == 0 && kMbarOffset % 8 == 0,
               "aligned handover, addresses and barriers");
@@ -224,8 +226,12 @@ DSV4_SM90_DEVICE Piece piece_of(const SparseMlaDecodeParams& p, const int32_t* m
   end = end > c.sets.blocks ? c.sets.blocks : end;
   c.begin_block = begin;
   c.tiles = end > begin ? end - begin : 0;
-  const int64_t piece_splits = p.sched.num_splits[r + 1] - p.sched.num_splits[r];
-  c.target = {p.sched.num_splits[r] + (r == first ? meta[4] : 0), piece_splits == 1};
+  if (p.sched.num_splits == nullptr) {  // a plan-less run: every request is one piece
+    c.target = {0, true};
+  } else {
+    const int64_t piece_splits = p.sched.num_splits[r + 1] - p.sched.num_splits[r];
+    c.target = {p.sched.num_splits[r] + (r == first ? meta[4] : 0), piece_splits == 1};
+  }
   c.skip = !c.target.single && (c.target.split_row < 0 || c.target.split_row >= p.b + p.sched.num_parts);
   if (c.skip) c.tiles = 0;
   return c;
@@ -377,6 +383,21 @@ DSV4_SM90_DEVICE void copy_rope(const uint8_t* data, int e, int part, uint8_t* t
   }
 }
 
+// Copies this thread's chunks (part + 4 k) of a bf16 row into row e of the tile by cp.async (zero for an entry that
+// is not attended).
+DSV4_SM90_DEVICE void copy_row(const uint8_t* data, int e, int part, uint8_t* tile) {
+#pragma unroll
+  for (int k = 0; k < kChunksPerRow / kDecodeThreadsPerEntry; ++k) {
+    const int chunk = part + kDecodeThreadsPerEntry * k;
+    uint8_t* dst = tile + tile_offset(e, chunk);
+    if (data == nullptr) {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    } else {
+      cp_async_16(shared_address(dst), data + chunk * kVectorBytes);
+    }
+  }
+}
+
 // Writes this thread's nope items of entry e as bf16 (part + 4 k, scale byte k). Invalid entries become zero rows
 // (0 * NaN would poison P V); the common case (every item on the direct route) runs straight through.
 DSV4_SM90_DEVICE void store_entry(const EntryCodes& c, bool ok, int e, int part, uint8_t* tile) {
@@ -424,7 +445,8 @@ DSV4_SM90_DEVICE void walk_cursor(const SparseMlaDecodeParams& p, const int32_t*
 // and loads the codes of its share into registers, then waits for the tile's buffer (g % 2) to be empty, copies
 // the RoPE chunks (no conversion: cp.async), writes the bf16 rows and its half of the valid mask and hands the tile
 // to the scorer. Lanes 0, 4, .. 28 of warp w hold entries 32 d + 8 w .. + 7, whose valid bits form byte 4 d + w of
-// the tile's mask.
+// the tile's mask. kBf16Rows: the entries are bf16 rows (prefill), copied whole by cp.async.
+template <bool kBf16Rows>
 DSV4_SM90_DEVICE void decode_role(const SparseMlaDecodeParams& p, const int32_t* meta, int d, uint8_t* smem) {
   const int t = threadIdx.x % kGroupThreads, part = t % kDecodeThreadsPerEntry;
   const int e = kDecodeHalfEntries * d + t / kDecodeThreadsPerEntry;
@@ -435,11 +457,15 @@ DSV4_SM90_DEVICE void decode_role(const SparseMlaDecodeParams& p, const int32_t*
     mbarrier_wait(ptr_full_bar(smem, stage), uint32_t(g / kPtrStages) & 1u);
     const EntrySource src = ptr_stage(smem, stage)[e];
     EntryCodes codes;
-    load_entry(src, part, codes);
+    if constexpr (!kBf16Rows) load_entry(src, part, codes);
     if (d == 1 && t == 0) walk_cursor(p, meta, smem, g);
     mbarrier_arrive(ptr_free_bar(smem, stage));
     if (g >= 2) named_sync(kBarEmpty + buffer, kEmptyThreads);  // the first two tiles' buffers start empty
-    copy_rope(src.data, e, part, tile);
+    if constexpr (kBf16Rows) {
+      copy_row(src.data, e, part, tile);
+    } else {
+      copy_rope(src.data, e, part, tile);
+    }
     cp_async_commit();
     const bool ok = src.data != nullptr;
     const uint32_t mask = __ballot_sync(0xffffffffu, ok && part == 0);
@@ -448,7 +474,7 @@ DSV4_SM90_DEVICE void decode_role(const SparseMlaDecodeParams& p, const int32_t*
       for (int j = 0; j < 8; ++j) bits |= ((mask >> (kDecodeThreadsPerEntry * j)) & 1u) << j;
       smem[kValidOffset + 8 * buffer + 4 * d + t / 32] = uint8_t(bits);
     }
-    store_entry(codes, ok, e, part, tile);
+    if constexpr (!kBf16Rows) store_entry(codes, ok, e, part, tile);
     cp_async_wait_all();
     fence_async_shared();
     named_arrive(kBarFull + buffer, kFullThreads);
@@ -503,9 +529,10 @@ struct Publisher {
 };
 
 // Finalises this thread's rows with the portable tier's row finishers (one definition of the lse, sink and
-// no-valid-entry conventions): a single piece writes out / lse, a split piece its fp32 partial and lse.
+// no-valid-entry conventions): a single piece writes out / lse (and max_logits, the largest scaled score, where
+// given), a split piece its fp32 partial and lse.
 DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& piece, int64_t s, int64_t head0,
-                                  int row_group, int half, int lane, RowState& st) {
+                                  int row_group, int half, int lane, RowState& st, float* max_logits) {
   const PieceTarget& target = piece.target;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -525,7 +552,9 @@ DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& p
       for (int t = 0; t < kValueTiles; ++t)
         *reinterpret_cast<uint32_t*>(out + 8 * t) =
             pack_bf16x2(st.o[t][2 * r] * f.out_scale, st.o[t][2 * r + 1] * f.out_scale);
-      if (writes_lse) p.lse[(piece.r * p.h_q + head) * p.s_q + s] = f.lse;
+      const int64_t lse_at = (piece.r * p.h_q + head) * p.s_q + s;
+      if (writes_lse) p.lse[lse_at] = f.lse;
+      if (writes_lse && max_logits != nullptr) max_logits[lse_at] = max;
     } else {
       const int64_t row = mla::accum_row(p, target.split_row, s, head);
       float* out = p.sched.o_accum + row * kDim + dim0;
@@ -600,7 +629,7 @@ DSV4_SM90_DEVICE ProbsSlot probs_slot(uint8_t* smem, int tile) {
 
 // Scorer warpgroup: per piece loads q; per tile S, the softmax, the P handover and O += P V for dims 0-255.
 DSV4_SM90_DEVICE void score_role(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t s, bool q_aligned,
-                                 uint8_t* smem) {
+                                 float* max_logits, uint8_t* smem) {
   uint8_t* q_tile = smem + kQOffset;
   const uint32_t q_base = shared_address(q_tile), kv_base = shared_address(smem + kKvOffset);
   const uint64_t* valid = reinterpret_cast<const uint64_t*>(smem + kValidOffset);
@@ -650,7 +679,7 @@ DSV4_SM90_DEVICE void score_role(const SparseMlaDecodeParams& p, const int32_t* 
       wgmma_wait_all();
       named_arrive(kBarEmpty + tile, kEmptyThreads);
     }
-    finish_rows(p, piece, s, head0, row_group, 0, lane, st);
+    finish_rows(p, piece, s, head0, row_group, 0, lane, st, max_logits);
   }
   cp_async_wait_all();  // a q copy for a request whose piece was passed over may still be in flight
 }
@@ -693,18 +722,32 @@ DSV4_SM90_DEVICE void value_role(const SparseMlaDecodeParams& p, const int32_t* 
       wgmma_wait_all();
       named_arrive(kBarEmpty + tile, kEmptyThreads);
     }
-    finish_rows(p, piece_of(p, meta, r), s, head0, row_group, 1, lane, st);  // reloaded: no registers held
+    finish_rows(p, piece_of(p, meta, r), s, head0, row_group, 1, lane, st, nullptr);  // reloaded: no registers held
   }
   cp_async_wait_all();  // index copies past the last tile
 }
 
+// Word w of partition z of a plan-less run (no sched_meta): requests [z b / parts, (z + 1) b / parts), each whole
+// (begin block 0, end block past any request's last).
+DSV4_SM90_DEVICE int32_t whole_requests_word(const SparseMlaDecodeParams& p, int64_t z, int w) {
+  const int64_t begin = z * p.b / p.sched.num_parts, end = (z + 1) * p.b / p.sched.num_parts;
+  return w == 0 ? int32_t(begin) : w == 1 ? int32_t(end - 1) : w == 3 ? INT32_MAX : 0;
+}
+
 // Grid (head groups, s_q, num_parts): CTA (x, s, z) attends heads [64x, 64x + 64) of query s of every request
 // piece in schedule partition z. Warpgroup 0 scores, 1 values and publishes addresses, 2 and 3 decode.
+// kBf16Rows: the main cache holds bf16 rows (one per page), the sparse prefill's layout.
+template <bool kBf16Rows>
 __global__ void __launch_bounds__(kCtaThreads, 1)
-    sparse_mla_decode_sm90_kernel(const SparseMlaDecodeParams p, bool q_aligned) {
+    sparse_mla_decode_sm90_kernel(const SparseMlaDecodeParams p, bool q_aligned, float* max_logits) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((kSwizzleAtomBytes - shared_address(smem_raw) % kSwizzleAtomBytes) % kSwizzleAtomBytes);
-  const int32_t* meta = p.sched.sched_meta + int64_t(blockIdx.z) * kDecodeSchedWords;
+  int32_t* meta = reinterpret_cast<int32_t*>(smem + kMetaOffset);
+  if (threadIdx.x < kDecodeSchedWords) {
+    const int w = int(threadIdx.x);
+    meta[w] = p.sched.sched_meta == nullptr ? whole_requests_word(p, blockIdx.z, w)
+                                            : p.sched.sched_meta[int64_t(blockIdx.z) * kDecodeSchedWords + w];
+  }
   if (threadIdx.x < kPtrStages) {
     mbarrier_init(ptr_full_bar(smem, threadIdx.x), kGroupThreads);
     mbarrier_init(ptr_free_bar(smem, threadIdx.x), 2 * kGroupThreads);
@@ -713,10 +756,10 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
   const int role = threadIdx.x / kGroupThreads;
   if (role >= kDecoder) {
     lower_registers<kDecoderRegs>();
-    decode_role(p, meta, role - kDecoder, smem);
+    decode_role<kBf16Rows>(p, meta, role - kDecoder, smem);
   } else if (role == kScorer) {
     raise_registers<kScorerRegs>();
-    score_role(p, meta, blockIdx.y, q_aligned, smem);
+    score_role(p, meta, blockIdx.y, q_aligned, max_logits, smem);
   } else {
     raise_registers<kValuerRegs>();
     value_role(p, meta, blockIdx.y, smem);
@@ -737,6 +780,43 @@ bool covered(const SparseMlaDecodeParams& p) {
          cache_is_aligned(p.extra);
 }
 
+bool prefill_covered(const SparseMlaPrefillParams& p) {
+  return p.d_qk == kDim && p.d_v == kDim && p.s_q <= INT32_MAX && rows_aligned(p.kv, p.kv_stride * 2, kVectorAlign);
+}
+
+// The prefill as a plan-less decode: each query token is a request of one query whose main set is its top-k row
+// (lengths: topk_length) over a cache of one-row pages; no extra set, no split, so no combine.
+SparseMlaDecodeParams prefill_as_decode(const SparseMlaPrefillParams& p, int64_t sms) {
+  SparseMlaDecodeParams d;
+  d.q = p.q;
+  d.b = p.s_q, d.s_q = 1, d.h_q = p.h_q, d.d_qk = p.d_qk;
+  d.q_stride_b = p.q_stride_s, d.q_stride_s = 0, d.q_stride_h = p.q_stride_h;
+  d.main.indices = p.indices;
+  d.main.is_int64 = p.is_int64;
+  d.main.stride_b = p.idx_stride_s, d.main.stride_s = 0, d.main.stride_k = p.idx_stride_k, d.main.topk = p.topk;
+  d.main.lengths = p.topk_length;
+  d.main.cache = {reinterpret_cast<uint8_t*>(const_cast<uint16_t*>(p.kv)), p.s_kv, p.kv_stride * 2, 1};
+  d.attn_sink = p.attn_sink;
+  d.d_v = p.d_v, d.sm_scale = p.sm_scale;
+  d.out = p.out, d.lse = p.lse;
+  const int64_t parts = decode_partitions(sms, 1, p.h_q);
+  d.sched.num_parts = parts < p.s_q ? parts : p.s_q;
+  return d;
+}
+
+template <bool kBf16Rows>
+cudaError_t launch_attention(const SparseMlaDecodeParams& p, float* max_logits, cudaStream_t stream) {
+  const cudaError_t attr = cudaFuncSetAttribute(sparse_mla_decode_sm90_kernel<kBf16Rows>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (attr != cudaSuccess) return attr;
+  const uintptr_t q_bits = reinterpret_cast<uintptr_t>(p.q) | uintptr_t(p.q_stride_b * 2) |
+                           uintptr_t(p.q_stride_s * 2) | uintptr_t(p.q_stride_h * 2);
+  const dim3 grid(unsigned((p.h_q + kHeadsPerCta - 1) / kHeadsPerCta), unsigned(p.s_q), unsigned(p.sched.num_parts));
+  sparse_mla_decode_sm90_kernel<kBf16Rows>
+      <<<grid, kCtaThreads, kSmemBytes, stream>>>(p, q_bits % kVectorAlign == 0, max_logits);
+  return cudaGetLastError();
+}
+
 }  // namespace
 }  // namespace dsv4::cuda::sm90
 
@@ -750,17 +830,16 @@ cudaError_t launch_sparse_mla_decode_sm90(const SparseMlaDecodeParams& p, cudaSt
     const cudaError_t planned = launch_decode_schedule(p, stream);
     if (planned != cudaSuccess) return planned;
   }
-  const cudaError_t attr = cudaFuncSetAttribute(sparse_mla_decode_sm90_kernel,
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  if (attr != cudaSuccess) return attr;
-  const uintptr_t q_bits = reinterpret_cast<uintptr_t>(p.q) | uintptr_t(p.q_stride_b * 2) |
-                           uintptr_t(p.q_stride_s * 2) | uintptr_t(p.q_stride_h * 2);
-  const dim3 grid(unsigned((p.h_q + kHeadsPerCta - 1) / kHeadsPerCta), unsigned(p.s_q), unsigned(p.sched.num_parts));
-  sparse_mla_decode_sm90_kernel<<<grid, kCtaThreads, kSmemBytes, stream>>>(p, q_bits % kVectorAlign == 0);
-  const cudaError_t launched = cudaGetLastError();
+  const cudaError_t launched = launch_attention<false>(p, nullptr, stream);
   if (launched != cudaSuccess) return launched;
   return launch_decode_combine(p, stream, true);
 }
 
-}  // namespace dsv4::cuda
+cudaError_t launch_sparse_mla_prefill_sm90(const SparseMlaPrefillParams& p, cudaStream_t stream) {
+  using namespace sm90;
+  if (!prefill_covered(p)) return launch_sparse_mla_prefill(p, stream);
+  if (p.s_q == 0 || p.h_q == 0) return cudaSuccess;
+  return launch_attention<true>(prefill_as_decode(p, num_sms()), p.max_logits, stream);
+}
 
+}  // namespace dsv4::cuda

@@ -88,13 +88,16 @@ def random_slots(batch: int, per_request: int, pool: int) -> torch.Tensor:
     return keys.argsort(dim=1)[:, :per_request].to(torch.int32).unsqueeze(1)
 
 
+def model1_pages(rows: int) -> torch.Tensor:
+    """A FlashMLA-view MODEL1 cache holding `rows` random rows at slots 0 .. rows - 1."""
+    pages = flashmla_view(cache.allocate_kv_cache(-(-rows // PAGE), PAGE, device="cuda"))
+    values = (torch.randn(rows, MODEL1_HEAD_DIM, device="cuda") * KV_SPREAD).bfloat16()
+    ops.quantize_kv_insert(values, torch.arange(rows, device="cuda"), pages.view(pages.shape[0], -1), PAGE)
+    return pages
+
+
 def decode_case(batch: int, heads: int, compressed: int, preset: str) -> GpuCase:
-    window_pool, compressed_pool = batch * SLIDING_WINDOW, batch * compressed
-    window = flashmla_view(cache.allocate_kv_cache(-(-window_pool // PAGE), PAGE, device="cuda"))
-    compressed_cache = flashmla_view(cache.allocate_kv_cache(-(-compressed_pool // PAGE), PAGE, device="cuda"))
-    for pages in (window, compressed_cache):
-        rows = (torch.randn(pages.shape[0] * PAGE, MODEL1_HEAD_DIM, device="cuda") * KV_SPREAD).bfloat16()
-        ops.quantize_kv_insert(rows, torch.arange(rows.shape[0], device="cuda"), pages.view(pages.shape[0], -1), PAGE)
+    window, compressed_cache = model1_pages(batch * SLIDING_WINDOW), model1_pages(batch * compressed)
     window_slots = random_slots(batch, SLIDING_WINDOW, window.shape[0] * PAGE)
     compressed_slots = random_slots(batch, compressed, compressed_cache.shape[0] * PAGE)
     q = torch.randn(batch, 1, heads, MODEL1_HEAD_DIM, device="cuda").bfloat16()
@@ -123,6 +126,47 @@ def prefill_case(tokens: int, heads: int, topk: int) -> GpuCase:
                    flops=4 * tokens * heads * MODEL1_HEAD_DIM * topk,
                    bytes_moved=2 * kv_rows * MODEL1_HEAD_DIM + tokens * (4 * topk + 4 * heads * MODEL1_HEAD_DIM),
                    run=lambda: ops.sparse_mla_prefill(q, kv, indices, MODEL1_HEAD_DIM**-0.5, attn_sink=sink))
+
+
+def fp8_prefill_cases(tokens: int, heads: int, compressed: int) -> list[GpuCase]:
+    """The last `tokens` of a 4 x (`tokens` + `compressed`) prompt over its MODEL1 caches (window of 128 raw
+    entries, `compressed` of the ratio-4 entries before each position), two ways: the decode op reading the fp8
+    caches directly (one request per token), and dequantize-gather of the rows the chunk reads into a bf16
+    workspace + bf16 prefill."""
+    context = 4 * (tokens + compressed)  # the chunk's first token sees `compressed` compressed entries
+    window, compressed_cache = model1_pages(context), model1_pages(context // 4)
+    positions = torch.arange(context - tokens, context, device="cuda")
+    window_slots = (positions[:, None] - torch.arange(SLIDING_WINDOW - 1, -1, -1, device="cuda")).int()
+    visible = positions[:, None] // 4 > torch.arange(context // 4, device="cuda")  # compressed entries before p
+    keys = torch.rand(tokens, context // 4, device="cuda").masked_fill(~visible, -1.0)
+    compressed_slots = keys.topk(compressed, dim=1).indices.int()
+    q = torch.randn(tokens, 1, heads, MODEL1_HEAD_DIM, device="cuda").bfloat16()
+    sink = torch.randn(heads, device="cuda")
+    sched, _ = flash_mla.get_mla_metadata()
+    first_window = context - tokens - SLIDING_WINDOW + 1  # the workspace: the chunk's window rows, then all compressed
+    window_rows = torch.arange(first_window, context, device="cuda").int()
+    compressed_rows = torch.arange(context // 4, device="cuda").int()
+    local = torch.cat([window_slots - first_window, compressed_slots + len(window_rows)], dim=1).unsqueeze(1)
+    scale = MODEL1_HEAD_DIM**-0.5
+    compressed_indices, window_indices = compressed_slots.unsqueeze(1), window_slots.unsqueeze(1)
+
+    def direct():
+        return flash_mla.flash_mla_with_kvcache(q, compressed_cache, None, None, MODEL1_HEAD_DIM, sched,
+                                                is_fp8_kvcache=True, indices=compressed_indices, attn_sink=sink,
+                                                extra_k_cache=window, extra_indices_in_kvcache=window_indices)
+
+    def gathered():
+        rows = torch.cat([ops.dequantize_kv_gather(window.view(window.shape[0], -1), window_rows, PAGE),
+                          ops.dequantize_kv_gather(compressed_cache.view(compressed_cache.shape[0], -1),
+                                                   compressed_rows, PAGE)])
+        return ops.sparse_mla_prefill(q.squeeze(1), rows.unsqueeze(1), local, scale, attn_sink=sink)
+
+    entries = SLIDING_WINDOW + compressed
+    flops = 4 * tokens * heads * MODEL1_HEAD_DIM * entries
+    cache_bytes = (context + context // 4) * (MODEL1_BYTES_PER_TOKEN + 4)
+    shape = f"T={tokens} H={heads} {SLIDING_WINDOW}+{compressed} fp8"
+    return [GpuCase("prefill_fp8_direct", shape, tokens, flops, cache_bytes, direct),
+            GpuCase("prefill_fp8_gathered", shape, tokens, flops, cache_bytes, gathered)]
 
 
 def logits_case(batch: int, context: int) -> GpuCase:
@@ -157,6 +201,8 @@ def cases(quick: bool) -> list[GpuCase]:
         *(decode_case(b, TP_LOCAL_HEADS, FLASH[1], "V4-Flash TP4") for b in ((128,) if quick else (128, 512))),
         prefill_case(512 if quick else 4096, FLASH[0], SLIDING_WINDOW + FLASH[1]),
         prefill_case(512 if quick else 4096, PRO[0], SLIDING_WINDOW + PRO[1]),
+        *fp8_prefill_cases(512 if quick else 4096, *FLASH),
+        *fp8_prefill_cases(512 if quick else 4096, *PRO),
         *(logits_case(b, 1 << 16) for b in ((1, 64) if quick else (1, 8, 32, 64, 128))),
         topk_case(128, 1 << 14, 512),
         topk_case(64, 1 << 16, 512),
