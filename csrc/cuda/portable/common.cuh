@@ -38,6 +38,37 @@ DSV4_DEVICE T warp_xor(T v, int lane_mask) {
   return __shfl_xor_sync(0xffffffffu, v, lane_mask);
 #endif
 }
+template <typename T>
+DSV4_DEVICE T warp_down(T v, int delta) {  // lane + delta's value (the lane's own past the warp's end)
+#if defined(__HIP_PLATFORM_AMD__)
+  return __shfl_down(v, delta);
+#else
+  return __shfl_down_sync(0xffffffffu, v, delta);
+#endif
+}
+DSV4_DEVICE uint64_t warp_ballot(bool predicate) {  // bit l: lane l's predicate
+#if defined(__HIP_PLATFORM_AMD__)
+  return __ballot(predicate);
+#else
+  return __ballot_sync(0xffffffffu, predicate);
+#endif
+}
+template <typename T>
+DSV4_DEVICE T warp_broadcast(T v, int lane) {
+#if defined(__HIP_PLATFORM_AMD__)
+  return __shfl(v, lane);
+#else
+  return __shfl_sync(0xffffffffu, v, lane);
+#endif
+}
+// Orders the shared-memory accesses of one warp's lanes (HIP before 6.x has no __syncwarp: the CTA barrier).
+DSV4_DEVICE void warp_barrier() {
+#if defined(__HIP_PLATFORM_AMD__)
+  __syncthreads();
+#else
+  __syncwarp();
+#endif
+}
 DSV4_DEVICE float warp_sum(float v) {
   for (int m = kWarpSize / 2; m > 0; m >>= 1) v += warp_xor(v, m);
   return v;

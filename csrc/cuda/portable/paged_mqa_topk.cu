@@ -16,7 +16,8 @@ union PagedTopkShared {
   TopkShared topk;
 };
 
-__global__ void __launch_bounds__(kScoreThreads) paged_mqa_topk_kernel(PagedMqaTopkParams p, bool aligned, bool scored) {
+__global__ void __launch_bounds__(kScoreThreads, 1)
+    paged_mqa_topk_kernel(PagedMqaTopkParams p, bool aligned, bool scored) {
   __shared__ PagedTopkShared s;
   const int t = threadIdx.x;
   // Scored rows are bounded by the workspace: what the block table addresses (and int32 raw indices).

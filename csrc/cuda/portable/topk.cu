@@ -27,7 +27,7 @@ DSV4_DEVICE void topk_write(const TopkTransformParams& p, int64_t row, int64_t j
   if (p.slots) p.slots[row * p.slot_stride + j * p.slot_col_stride] = topk_slot(p, row, raw);
 }
 
-__global__ void __launch_bounds__(kTopkThreads) topk_transform_kernel(TopkTransformParams p) {
+__global__ void __launch_bounds__(kTopkThreads, 1) topk_transform_kernel(TopkTransformParams p) {
   __shared__ TopkShared s;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const int64_t start = p.row_starts.data ? std::clamp<int64_t>(index_at(p.row_starts, row), 0, p.width) : 0;

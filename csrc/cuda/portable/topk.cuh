@@ -1,11 +1,12 @@
 // CTA-wide top-k of one row of fp32 scores, shared by topk_transform and the fused fp8_paged_mqa_topk.
 //
 // Order (as the CPU tiers): every float maps to a uint32 order key that grows with rank (numbers ascending,
-// -0 == +0, NaN below -inf); the k best are the k largest keys, ties by lower index. A radix select (four 8-bit
-// digits, most significant first, shared-memory histograms) finds the k-th key; when only some entries equal to
-// it belong to the top k, a second radix select on the inverted index of those entries picks the lowest ones.
-// The winners are gathered (in any order) and a bitonic sort on (key, inverted index) orders them: the result is
-// deterministic although the gather order is not.
+// -0 == +0, NaN below -inf); the k best are the k largest keys, ties by lower index. Fast path: one histogram of
+// the keys' top 11 bits finds the bin holding the k-th key; every entry at or above that bin is gathered as a
+// (key, inverted index) pair and a bitonic sort orders them, the first k win. When that bin holds too many entries
+// to gather (long runs of equal or close scores), an exact radix select (four 8-bit digits, most significant
+// first, then the inverted index of the entries tied with the k-th key) picks exactly the k winners, which are
+// sorted the same way. Either way the result is deterministic although the gather order is not.
 #pragma once
 #include "cuda/portable/common.cuh"
 
@@ -17,11 +18,17 @@ constexpr int kTopkBins = 1 << kTopkRadixBits;
 constexpr int kTopkMinThreads = 128;  // a CTA running the select has at least this many threads
 constexpr int kTopkBinsPerThread = kTopkBins / kTopkMinThreads;
 constexpr uint32_t kTopkNanKey = 0;  // below the key of -inf: NaN ranks after every number
+constexpr int kTopkCoarseBits = 11, kTopkCoarseShift = 32 - kTopkCoarseBits;
+constexpr int kTopkCoarseBins = 1 << kTopkCoarseBits;
+constexpr int kTopkPairs = 2 * kTopkMaxK;  // gathered pairs of the fast path: the winners and the k-th key's bin
+constexpr int kTopkMaxWarps = 32;
 
 struct TopkShared {
-  uint64_t pairs[kTopkMaxK];  // (key << 32) | ~index of the winners; sorted descending
+  uint64_t pairs[kTopkPairs];  // (key << 32) | ~index of the gathered entries; sorted descending
+  uint32_t coarse[kTopkCoarseBins];  // histogram of the keys' top bits
   uint32_t hist[kTopkBins];
   uint32_t suffix[kTopkBins];  // suffix[d] = sum of hist[d ..]
+  uint32_t warp_totals[kTopkMaxWarps];
   uint32_t digit, need, in_digit;  // the chosen digit of a radix pass, the rank left inside it, and its count
   uint32_t count;  // winners gathered so far
 };
@@ -59,23 +66,41 @@ DSV4_DEVICE void topk_suffix_sums(TopkShared& s) {
 
 // Visits this thread's entries i = threadIdx.x + j * blockDim.x < n with use(i, key(x[i])), kTopkBatch at a time:
 // the loads of a batch are all issued before any of them is used (a loop that used each load before the next
-// one paid a full memory latency per entry, behind the shared-memory atomics).
-constexpr int kTopkBatch = 8;
+// one paid a full memory latency per entry, behind the shared-memory atomics). topk_for_all_keys calls
+// use(i, key, in_range) on every lane for the same number of steps (warp-wide operations inside are safe).
+constexpr int kTopkBatch = 16;
 template <class Use>
-DSV4_DEVICE void topk_for_keys(const float* x, int64_t n, Use use) {
-  for (int64_t base = threadIdx.x; base < n; base += int64_t(kTopkBatch) * blockDim.x) {
+DSV4_DEVICE void topk_for_all_keys(const float* x, int64_t n, Use use) {
+  for (int64_t start = 0; start < n; start += int64_t(kTopkBatch) * blockDim.x) {
     float v[kTopkBatch];
 #pragma unroll
     for (int u = 0; u < kTopkBatch; ++u) {
-      const int64_t i = base + int64_t(u) * blockDim.x;
+      const int64_t i = start + threadIdx.x + int64_t(u) * blockDim.x;
       v[u] = i < n ? x[i] : 0.0f;
     }
 #pragma unroll
     for (int u = 0; u < kTopkBatch; ++u) {
-      const int64_t i = base + int64_t(u) * blockDim.x;
-      if (i < n) use(i, topk_order_key(v[u]));
+      const int64_t i = start + threadIdx.x + int64_t(u) * blockDim.x;
+      use(i, topk_order_key(v[u]), i < n);
     }
   }
+}
+template <class Use>
+DSV4_DEVICE void topk_for_keys(const float* x, int64_t n, Use use) {
+  topk_for_all_keys(x, n, [&](int64_t i, uint32_t key, bool in_range) {
+    if (in_range) use(i, key);
+  });
+}
+
+// Position of this lane's item among the warp's items appended to *counter (take: the lane appends one); one
+// shared-memory atomic per warp instead of one per item on the same word. Every lane of the warp calls it.
+DSV4_DEVICE uint32_t warp_append(uint32_t* counter, bool take) {
+  const uint64_t mask = warp_ballot(take);
+  const int lane = int(threadIdx.x) % kWarpSize;
+  uint32_t base = 0;
+  if (lane == 0 && mask != 0) base = atomicAdd(counter, uint32_t(__popcll(mask)));
+  base = warp_broadcast(base, 0);
+  return base + uint32_t(__popcll(mask & ((uint64_t(1) << lane) - 1)));
 }
 
 // Radix select over the values value(i, key, v) of the entries i < n of x that take part (value returns true;
@@ -107,9 +132,93 @@ DSV4_DEVICE uint32_t topk_radix_select(TopkShared& s, const float* x, int64_t n,
   return prefix;
 }
 
-// The k best of x[0, n) (n > k, k a power of two up to kTopkMaxK), sorted, in s.pairs[0, k). Every thread calls
-// it; on return the pairs are visible to the whole CTA.
-DSV4_DEVICE void topk_select_sorted(TopkShared& s, const float* x, int64_t n, int k) {
+// One compare-exchange stage of a bitonic sort over a[0, size) in shared memory (descending runs where the lower
+// position has bit `run` clear): thread i compares pair i.
+DSV4_DEVICE void topk_sort_stage(uint64_t* a, int size, int run, int stride) {
+  for (int i = threadIdx.x; i < size / 2; i += blockDim.x) {
+    const int lo = ((i & ~(stride - 1)) << 1) | (i & (stride - 1)), hi = lo + stride;
+    const bool descending = (lo & run) == 0;
+    const uint64_t x = a[lo], y = a[hi];
+    if ((x < y) == descending) a[lo] = y, a[hi] = x;
+  }
+}
+
+// The element a compare-exchange leaves at position g of a bitonic stage: the larger of (mine, other) where g is
+// the lower position of a descending pair or the upper of an ascending one.
+DSV4_DEVICE uint64_t topk_exchange(uint64_t mine, uint64_t other, int g, int run, int stride) {
+  const bool lower = (g & stride) == 0, descending = (g & run) == 0;
+  return (lower == descending) == (mine > other) ? mine : other;
+}
+
+// Bitonic sort with the pairs in registers: thread t holds a[kE t, kE t + kE) (size == kE * blockDim.x); strides
+// below kE stay in the thread, strides below kE * kWarpSize go through warp shuffles, longer ones through shared
+// memory (the only stages that need the CTA barrier).
+template <int kE>
+DSV4_DEVICE void topk_sort_pairs_in_registers(uint64_t* a, int size) {
+  uint64_t r[kE];
+  const int first = kE * int(threadIdx.x);
+#pragma unroll
+  for (int e = 0; e < kE; ++e) r[e] = a[first + e];
+  for (int run = 2; run <= size; run <<= 1) {
+    int stride = run / 2;
+    if (stride >= kE * kWarpSize) {
+      __syncthreads();  // every thread has read the pairs it holds
+#pragma unroll
+      for (int e = 0; e < kE; ++e) a[first + e] = r[e];
+      __syncthreads();
+      for (; stride >= kE * kWarpSize; stride >>= 1) {
+        topk_sort_stage(a, size, run, stride);
+        __syncthreads();
+      }
+#pragma unroll
+      for (int e = 0; e < kE; ++e) r[e] = a[first + e];
+    }
+    for (; stride >= kE; stride >>= 1) {
+#pragma unroll
+      for (int e = 0; e < kE; ++e) {
+        const int lanes = stride / kE;
+        const uint32_t lo = warp_xor(uint32_t(r[e]), lanes), hi = warp_xor(uint32_t(r[e] >> 32), lanes);
+        r[e] = topk_exchange(r[e], uint64_t(hi) << 32 | lo, first + e, run, stride);
+      }
+    }
+#pragma unroll
+    for (int step = kE / 2; step > 0; step >>= 1) {  // compile-time strides keep r in registers
+      if (step > stride) continue;  // a run shorter than 2 kE starts below kE / 2
+#pragma unroll
+      for (int e = 0; e < kE; ++e) {
+        if ((e & step) != 0) continue;
+        const uint64_t x = r[e], y = r[e + step];
+        r[e] = topk_exchange(x, y, first + e, run, step);
+        r[e + step] = topk_exchange(y, x, first + e + step, run, step);
+      }
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int e = 0; e < kE; ++e) a[first + e] = r[e];
+  __syncthreads();
+}
+
+// Sorts a[0, size) descending (size a power of two): (key, ~index) larger first is score descending, then index
+// ascending. Every thread calls it; on return the pairs are visible to the whole CTA.
+DSV4_DEVICE void topk_sort_pairs(uint64_t* a, int size) {
+  const int per_thread = size / int(blockDim.x);
+  if (per_thread * int(blockDim.x) == size) {
+    if (per_thread == 1) return topk_sort_pairs_in_registers<1>(a, size);
+    if (per_thread == 2) return topk_sort_pairs_in_registers<2>(a, size);
+    if (per_thread == 4) return topk_sort_pairs_in_registers<4>(a, size);
+    if (per_thread == 8) return topk_sort_pairs_in_registers<8>(a, size);
+  }
+  for (int run = 2; run <= size; run <<= 1) {
+    for (int stride = run / 2; stride > 0; stride >>= 1) {
+      topk_sort_stage(a, size, run, stride);
+      __syncthreads();
+    }
+  }
+}
+
+// The exact path: the k best by radix select, gathered into s.pairs[0, k) and sorted.
+DSV4_DEVICE void topk_select_exact(TopkShared& s, const float* x, int64_t n, int k) {
   uint32_t ties = 0;
   const uint32_t kth = topk_radix_select(
       s, x, n, uint32_t(k),
@@ -141,18 +250,64 @@ DSV4_DEVICE void topk_select_sorted(TopkShared& s, const float* x, int64_t n, in
     }
   });
   __syncthreads();
-  // Bitonic sort, descending: (key, ~index) larger first is score descending, then index ascending.
-  for (int size = 2; size <= k; size <<= 1) {
-    for (int stride = size / 2; stride > 0; stride >>= 1) {
-      for (int i = threadIdx.x; i < k / 2; i += blockDim.x) {
-        const int lo = 2 * stride * (i / stride) + (i % stride), hi = lo + stride;
-        const bool descending = (lo & size) == 0;
-        const uint64_t a = s.pairs[lo], b = s.pairs[hi];
-        if ((a < b) == descending) s.pairs[lo] = b, s.pairs[hi] = a;
+  topk_sort_pairs(s.pairs, k);
+}
+
+// The coarse bin holding the k-th largest key (entries above it fewer than k, at or above it at least k): sets
+// s.digit, s.need (k minus the entries above) and s.in_digit (its count). Thread t owns a run of bins; a suffix
+// scan over the threads gives each the entries above its run, and the thread whose run holds the k-th key walks it.
+DSV4_DEVICE void topk_coarse_threshold(TopkShared& s, uint32_t k) {
+  const int per = kTopkCoarseBins / int(blockDim.x), first = int(threadIdx.x) * per;
+  const int lane = int(threadIdx.x) % kWarpSize, warp = int(threadIdx.x) / kWarpSize;
+  uint32_t mine = 0;
+  for (int b = 0; b < per; ++b) mine += s.coarse[first + b];
+  uint32_t suffix = mine;  // this lane's and the later lanes' entries
+  for (int offset = 1; offset < kWarpSize; offset <<= 1) {
+    const uint32_t later = warp_down(suffix, offset);
+    if (lane + offset < kWarpSize) suffix += later;
+  }
+  if (lane == 0) s.warp_totals[warp] = suffix;
+  __syncthreads();
+  uint32_t above = suffix - mine;
+  for (int w = warp + 1; w < int(blockDim.x) / kWarpSize; ++w) above += s.warp_totals[w];
+  if (above < k && above + mine >= k) {
+    for (int b = first + per - 1; b >= first; --b) {
+      const uint32_t count = s.coarse[b];
+      if (above + count >= k) {
+        s.digit = uint32_t(b), s.need = k - above, s.in_digit = count;
+        break;
       }
-      __syncthreads();
+      above += count;
     }
   }
+  __syncthreads();
+}
+
+// The k best of x[0, n) (n > k, k a power of two up to kTopkMaxK), sorted, in s.pairs[0, k). Every thread calls
+// it (blockDim.x a power of two from kTopkMinThreads to kTopkCoarseBins); on return the pairs are visible to the
+// whole CTA.
+DSV4_DEVICE void topk_select_sorted(TopkShared& s, const float* x, int64_t n, int k) {
+  for (int b = threadIdx.x; b < kTopkCoarseBins; b += blockDim.x) s.coarse[b] = 0;
+  if (threadIdx.x == 0) s.count = 0;
+  __syncthreads();
+  topk_for_keys(x, n, [&](int64_t, uint32_t key) { atomicAdd(&s.coarse[key >> kTopkCoarseShift], 1u); });
+  __syncthreads();
+  topk_coarse_threshold(s, uint32_t(k));
+  const uint32_t gathered = uint32_t(k) - s.need + s.in_digit, bin = s.digit;
+  if (gathered > uint32_t(kTopkPairs)) {  // uniform over the CTA
+    __syncthreads();  // every thread has read the threshold
+    return topk_select_exact(s, x, n, k);
+  }
+  topk_for_all_keys(x, n, [&](int64_t i, uint32_t key, bool in_range) {
+    const bool take = in_range && (key >> kTopkCoarseShift) >= bin;
+    const uint32_t at = warp_append(&s.count, take);
+    if (take) s.pairs[at] = (uint64_t(key) << 32) | ~uint32_t(i);
+  });
+  int size = k;
+  while (uint32_t(size) < gathered) size <<= 1;
+  for (int j = int(gathered) + threadIdx.x; j < size; j += blockDim.x) s.pairs[j] = 0;  // below every real pair
+  __syncthreads();
+  topk_sort_pairs(s.pairs, size);
 }
 
 }  // namespace dsv4::cuda

@@ -6,6 +6,8 @@
 // ring, so no thread waits on an index load); two decoders (warpgroups 2 and 3, half of every tile each) load a
 // tile's codes straight into registers before its buffer (two K/V tiles alternate) is free and then write it as
 // bf16. Tiles and P are handed over with named barriers, the address ring with mbarriers.
+// The MODEL1-shaped bf16 sparse prefill runs on the same kernel: each query token is a request whose entries are
+// bf16 rows (the decoders copy them whole), with no split plan (persistent CTAs over consecutive tokens).
 #include <cmath>
 
 #include "common/decode_schedule.h"
