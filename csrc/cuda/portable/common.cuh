@@ -61,14 +61,6 @@ DSV4_DEVICE T warp_broadcast(T v, int lane) {
   return __shfl_sync(0xffffffffu, v, lane);
 #endif
 }
-// Orders the shared-memory accesses of one warp's lanes (HIP before 6.x has no __syncwarp: the CTA barrier).
-DSV4_DEVICE void warp_barrier() {
-#if defined(__HIP_PLATFORM_AMD__)
-  __syncthreads();
-#else
-  __syncwarp();
-#endif
-}
 DSV4_DEVICE float warp_sum(float v) {
   for (int m = kWarpSize / 2; m > 0; m >>= 1) v += warp_xor(v, m);
   return v;

@@ -11,6 +11,8 @@
 namespace dsv4::cuda {
 namespace {
 
+static_assert(topk_threads_supported(kScoreThreads), "the CTA top-k's thread count");
+
 union PagedTopkShared {
   PagedScoreShared score;
   TopkShared topk;

@@ -10,6 +10,7 @@ namespace dsv4::cuda {
 namespace {
 
 constexpr int kTopkThreads = 512;
+static_assert(topk_threads_supported(kTopkThreads), "the CTA top-k's thread count");
 constexpr int64_t kMaxGrid = 65535;  // within every platform's limits; the kernel strides over the rest
 
 // table[i / page_size] * page_size + i % page_size for raw index i; -1 for i < 0, a page past the table or a

@@ -17,6 +17,10 @@ constexpr int kTopkRadixBits = 8;
 constexpr int kTopkBins = 1 << kTopkRadixBits;
 constexpr int kTopkMinThreads = 128;  // a CTA running the select has at least this many threads
 constexpr int kTopkBinsPerThread = kTopkBins / kTopkMinThreads;
+// The CTA sizes the select works with: a power of two from kTopkMinThreads to 1024 (whole warps, bins split evenly).
+constexpr bool topk_threads_supported(int threads) {
+  return threads >= kTopkMinThreads && threads <= 1024 && (threads & (threads - 1)) == 0;
+}
 constexpr uint32_t kTopkNanKey = 0;  // below the key of -inf: NaN ranks after every number
 constexpr int kTopkCoarseBits = 11, kTopkCoarseShift = 32 - kTopkCoarseBits;
 constexpr int kTopkCoarseBins = 1 << kTopkCoarseBits;
@@ -29,9 +33,10 @@ struct TopkShared {
   uint32_t hist[kTopkBins];
   uint32_t suffix[kTopkBins];  // suffix[d] = sum of hist[d ..]
   uint32_t warp_totals[kTopkMaxWarps];
-  uint32_t digit, need, in_digit;  // the chosen digit of a radix pass, the rank left inside it, and its count
-  uint32_t count;  // winners gathered so far
+  uint32_t digit, need, in_digit;  // the chosen digit (or coarse bin), the rank left inside it, and its count
+  uint32_t count;  // pairs gathered so far
 };
+static_assert(sizeof(TopkShared) <= 48 * 1024, "static shared memory of one CTA");
 
 // Order key of one score.
 DSV4_DEVICE uint32_t topk_order_key(float x) {
@@ -288,7 +293,7 @@ DSV4_DEVICE void topk_coarse_threshold(TopkShared& s, uint32_t k) {
 // whole CTA.
 DSV4_DEVICE void topk_select_sorted(TopkShared& s, const float* x, int64_t n, int k) {
   for (int b = threadIdx.x; b < kTopkCoarseBins; b += blockDim.x) s.coarse[b] = 0;
-  if (threadIdx.x == 0) s.count = 0;
+  if (threadIdx.x == 0) s.count = 0, s.need = 0, s.in_digit = kTopkPairs + 1;  // no threshold: the exact path
   __syncthreads();
   topk_for_keys(x, n, [&](int64_t, uint32_t key) { atomicAdd(&s.coarse[key >> kTopkCoarseShift], 1u); });
   __syncthreads();
@@ -301,7 +306,7 @@ DSV4_DEVICE void topk_select_sorted(TopkShared& s, const float* x, int64_t n, in
   topk_for_all_keys(x, n, [&](int64_t i, uint32_t key, bool in_range) {
     const bool take = in_range && (key >> kTopkCoarseShift) >= bin;
     const uint32_t at = warp_append(&s.count, take);
-    if (take) s.pairs[at] = (uint64_t(key) << 32) | ~uint32_t(i);
+    if (take && at < uint32_t(kTopkPairs)) s.pairs[at] = (uint64_t(key) << 32) | ~uint32_t(i);
   });
   int size = k;
   while (uint32_t(size) < gathered) size <<= 1;

@@ -306,7 +306,8 @@ DSV4_SM90_DEVICE void issue_index_copy(const SparseMlaDecodeParams& p, const Til
   flag_slot[e] = flag;
 }
 
-// Where the bytes of an entry are (nullptr: not attended: no index, negative or outside the cache).
+// Where the bytes of an entry are (nullptr: not attended: no index, negative or outside the cache). With pages of
+// one entry (the prefill's bf16 rows) the offset is 0, so data is the page itself whatever the entry's size.
 struct EntrySource {
   const uint8_t* data;
   const uint8_t* scales;
@@ -797,6 +798,7 @@ SparseMlaDecodeParams prefill_as_decode(const SparseMlaPrefillParams& p, int64_t
   d.main.is_int64 = p.is_int64;
   d.main.stride_b = p.idx_stride_s, d.main.stride_s = 0, d.main.stride_k = p.idx_stride_k, d.main.topk = p.topk;
   d.main.lengths = p.topk_length;
+  // One row per page: entry_source's address is then the row whatever the MODEL1 entry size it assumes.
   d.main.cache = {reinterpret_cast<uint8_t*>(const_cast<uint16_t*>(p.kv)), p.s_kv, p.kv_stride * 2, 1};
   d.attn_sink = p.attn_sink;
   d.d_v = p.d_v, d.sm_scale = p.sm_scale;
