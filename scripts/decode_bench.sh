@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the torch-free decode harness (tools/decode_bench.cu + the decode kernels of both CUDA tiers) with nvcc for
-# sm_90a into build/decode_bench/, and runs it when a GPU is present (arguments go to the harness).
+# Builds the torch-free decode harness (tools/decode_bench.cu + the sparse attention kernels of both CUDA tiers, which
+# the Hopper file falls back to) with nvcc for sm_90a into build/decode_bench/, and runs it when a GPU is present
+# (arguments go to the harness).
 #   DECODE_BENCH_BUILD_ONLY=1 only builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,7 +10,7 @@ mkdir -p "$OUT_DIR"
 if [ ! -x "$OUT_DIR/decode_bench" ] || [ -n "$(find csrc tools -newer "$OUT_DIR/decode_bench" -name '*.cu*' -o -newer "$OUT_DIR/decode_bench" -name '*.h')" ]; then
   common=(-std=c++17 --expt-relaxed-constexpr -O3 -Icsrc)
   portable=(csrc/cuda/portable/sparse_mla_decode.cu csrc/cuda/portable/decode_schedule.cu
-            csrc/cuda/portable/decode_combine.cu)
+            csrc/cuda/portable/decode_combine.cu csrc/cuda/portable/sparse_mla_prefill.cu)
   pids=()
   for src in "${portable[@]}"; do
     nvcc "${common[@]}" --fmad=false -gencode arch=compute_90,code=sm_90 -c "$src" \
