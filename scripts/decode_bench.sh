@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the torch-free decode harness (tools/decode_bench.cu + the sparse attention kernels of both CUDA tiers, which
-# the Hopper file falls back to) with nvcc for sm_90a into build/decode_bench/, and runs it when a GPU is present
+# Builds the torch-free decode harness (tools/decode_bench.cu + the Hopper sparse attention kernels and the portable
+# ones they fall back to) with nvcc for sm_90a into build/decode_bench/, and runs it when a GPU is present
 # (arguments go to the harness).
 #   DECODE_BENCH_BUILD_ONLY=1 only builds.
 set -euo pipefail
