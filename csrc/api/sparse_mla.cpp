@@ -62,16 +62,18 @@ SparseIndexSet index_set(const Tensor& indices, std::optional<IndexView> lengths
   return s;
 }
 
+// What the attention kernels spread their work over: the SMs on CUDA, the intra-op threads on the CPU.
+int64_t parallel_units() {
+#if defined(DSV4_BACKEND_CUDA)
+  return cuda::num_sms();
+#else
+  return torch::stable::get_num_threads();
+#endif
+}
+
 // Partitions of a decode plan: one persistent CTA group per SM on CUDA, one per intra-op thread on the CPU
 // (informational there), shared by the s_q rows and 64-head groups.
-int64_t decode_parts(int64_t s_q, int64_t h_q) {
-#if defined(DSV4_BACKEND_CUDA)
-  const int64_t units = cuda::num_sms();
-#else
-  const int64_t units = torch::stable::get_num_threads();
-#endif
-  return decode_partitions(units, s_q, h_q);
-}
+int64_t decode_parts(int64_t s_q, int64_t h_q) { return decode_partitions(parallel_units(), s_q, h_q); }
 
 // The plan tensors [num_parts, 8] and [b + 1] (int32, on q's device) wired into p.sched.
 std::tuple<Tensor, Tensor> new_schedule(SparseMlaDecodeParams& p, const Tensor& q) {
@@ -228,7 +230,7 @@ std::tuple<Tensor, Tensor, Tensor> sparse_mla_prefill(Tensor q, Tensor kv, Tenso
   p.attn_sink = sink ? static_cast<const float*>(sink->const_data_ptr()) : nullptr;
   p.d_v = kHeadDimV;
   p.sm_scale = float(sm_scale);
-  p.threads = torch::stable::get_num_threads();
+  p.threads = parallel_units();
   Tensor out = torch::stable::empty({p.s_q, p.h_q, kHeadDimV}, ScalarType::BFloat16, std::nullopt, q.device());
   Tensor max_logits = torch::stable::empty({p.s_q, p.h_q}, ScalarType::Float, std::nullopt, q.device());
   Tensor lse = torch::stable::empty({p.s_q, p.h_q}, ScalarType::Float, std::nullopt, q.device());

@@ -268,7 +268,9 @@ struct SparseMlaPrefillParams {
   uint16_t* out = nullptr;  // bf16, contiguous [s_q, h_q, d_v]
   float* max_logits = nullptr;  // contiguous [s_q, h_q]
   float* lse = nullptr;  // contiguous [s_q, h_q]
-  int64_t threads = 1;  // intra-op threads: with fewer queries than this, a query's entries are split
+  // CPU: intra-op threads (with fewer queries than this, a query's entries are split); CUDA: the SMs, over which
+  // the Hopper kernel spreads its persistent CTAs.
+  int64_t threads = 1;
 };
 
 }  // namespace dsv4

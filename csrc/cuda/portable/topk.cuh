@@ -289,8 +289,7 @@ DSV4_DEVICE void topk_coarse_threshold(TopkShared& s, uint32_t k) {
 }
 
 // The k best of x[0, n) (n > k, k a power of two up to kTopkMaxK), sorted, in s.pairs[0, k). Every thread calls
-// it (blockDim.x a power of two from kTopkMinThreads to kTopkCoarseBins); on return the pairs are visible to the
-// whole CTA.
+// it (a CTA size topk_threads_supported takes); on return the pairs are visible to the whole CTA.
 DSV4_DEVICE void topk_select_sorted(TopkShared& s, const float* x, int64_t n, int k) {
   for (int b = threadIdx.x; b < kTopkCoarseBins; b += blockDim.x) s.coarse[b] = 0;
   if (threadIdx.x == 0) s.count = 0, s.need = 0, s.in_digit = kTopkPairs + 1;  // no threshold: the exact path

@@ -842,11 +842,7 @@ cudaError_t launch_sparse_mla_prefill_sm90(const SparseMlaPrefillParams& p, cuda
   using namespace sm90;
   if (!prefill_covered(p)) return launch_sparse_mla_prefill(p, stream);
   if (p.s_q == 0 || p.h_q == 0) return cudaSuccess;
-  int device = 0, sms = 0;
-  cudaError_t status = cudaGetDevice(&device);
-  if (status == cudaSuccess) status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (status != cudaSuccess) return status;
-  return launch_attention<true>(prefill_as_decode(p, sms), p.max_logits, stream);
+  return launch_attention<true>(prefill_as_decode(p, p.threads), p.max_logits, stream);
 }
 
 }  // namespace dsv4::cuda
