@@ -1,7 +1,7 @@
 // Merge of the split pieces of a sparse decode: every request the plan cut into more than one piece gets its
 // output and lse from the pieces' fp32 partials through their lse (requests with one piece were written by the
 // attention kernel). One warp per (query row, head), kHeadsPerCta heads per CTA, so a step without split requests
-// costs one small wave of CTAs that read the plan and leave; fixed-order reductions keep it deterministic.
+// costs a few small waves of CTAs that read the plan and leave; fixed-order reductions keep it deterministic.
 #include <atomic>
 
 #include "cuda/launchers.h"
@@ -13,7 +13,10 @@ namespace {
 constexpr int kHeadsPerCta = 8;  // one warp each
 constexpr int kCombineThreads = kHeadsPerCta * kWarpSize;
 constexpr int kDimsPerLane = mla::kValueDim / kWarpSize;
-constexpr int64_t kMaxRowBlocks = 1 << 20;  // grid.x; larger batches loop
+// grid.x; larger batches loop: the CTAs (128 registers, two per SM) of rows without splits only read the plan, and
+// fewer of them looping costs less than more waves
+constexpr int64_t kMaxRowBlocks = 64;
+constexpr int kPiecesInFlight = 4;  // partial rows loaded before the first is summed
 static_assert(kDimsPerLane % 4 == 0, "whole float4 of every partial per lane");
 
 __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(SparseMlaDecodeParams p) {
@@ -49,18 +52,39 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(SparseM
     const float lse = best + logf(total);
     const float sink_factor = p.attn_sink ? 1.0f / (1.0f + expf(p.attn_sink[h] - lse)) : 1.0f;
     float acc[kDimsPerLane] = {};
-    for (int64_t i = 0; i < pieces; ++i) {
-      const float l = lse_of[i * lse_step];  // the same address in every lane: one broadcast load
-      if (l == -INFINITY) continue;
-      const float weight = expf(l - lse) * sink_factor;
-      const float* o = p.sched.o_accum + mla::accum_row(p, first + i, s, h) * mla::kValueDim + lane * 4;
+    for (int64_t base = 0; base < pieces; base += kWarpSize) {
+      // Lane i holds the weight of piece base + i (bit i of `skipped`: no attended entry); the partials of
+      // kPiecesInFlight pieces are loaded before any is summed, and summed in piece order (deterministic).
+      const int64_t mine = base + lane;
+      const float l = mine < pieces ? lse_of[mine * lse_step] : -INFINITY;
+      const float my_weight = l == -INFINITY ? 0.0f : expf(l - lse) * sink_factor;
+      const uint64_t skipped = warp_ballot(l == -INFINITY);
+      const int n = int(pieces - base < kWarpSize ? pieces - base : kWarpSize);
+      for (int j = 0; j < n; j += kPiecesInFlight) {
+        float4 v[kPiecesInFlight][kDimsPerLane / 4];
+        float weight[kPiecesInFlight];
+        bool skip[kPiecesInFlight];
 #pragma unroll
-      for (int k = 0; k < kDimsPerLane / 4; ++k) {  // float4 k of this lane: dims 4 lane + kWarpSize * 4k
-        const float4 v = *reinterpret_cast<const float4*>(o + k * kWarpSize * 4);
-        acc[4 * k] = fmaf(weight, v.x, acc[4 * k]);
-        acc[4 * k + 1] = fmaf(weight, v.y, acc[4 * k + 1]);
-        acc[4 * k + 2] = fmaf(weight, v.z, acc[4 * k + 2]);
-        acc[4 * k + 3] = fmaf(weight, v.w, acc[4 * k + 3]);
+        for (int u = 0; u < kPiecesInFlight; ++u) {
+          weight[u] = warp_broadcast(my_weight, (j + u) % kWarpSize);
+          skip[u] = j + u >= n || ((skipped >> (j + u)) & 1u);
+          if (skip[u]) continue;
+          const float* o = p.sched.o_accum + mla::accum_row(p, first + base + j + u, s, h) * mla::kValueDim + lane * 4;
+#pragma unroll
+          for (int k = 0; k < kDimsPerLane / 4; ++k)  // float4 k of this lane: dims 4 lane + kWarpSize * 4k
+            v[u][k] = *reinterpret_cast<const float4*>(o + k * kWarpSize * 4);
+        }
+#pragma unroll
+        for (int u = 0; u < kPiecesInFlight; ++u) {
+          if (skip[u]) continue;
+#pragma unroll
+          for (int k = 0; k < kDimsPerLane / 4; ++k) {
+            acc[4 * k] = fmaf(weight[u], v[u][k].x, acc[4 * k]);
+            acc[4 * k + 1] = fmaf(weight[u], v[u][k].y, acc[4 * k + 1]);
+            acc[4 * k + 2] = fmaf(weight[u], v[u][k].z, acc[4 * k + 2]);
+            acc[4 * k + 3] = fmaf(weight[u], v[u][k].w, acc[4 * k + 3]);
+          }
+        }
       }
     }
 #pragma unroll

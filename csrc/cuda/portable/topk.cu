@@ -33,12 +33,20 @@ __global__ void __launch_bounds__(kTopkThreads, 1) topk_transform_kernel(TopkTra
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const int64_t start = p.row_starts.data ? std::clamp<int64_t>(index_at(p.row_starts, row), 0, p.width) : 0;
     const int64_t room = std::min<int64_t>(p.width - start, INT32_MAX);  // raw indices are int32
+    const float* scores = p.scores + row * p.score_stride + start;
+    TopkHeldKeys held;
+    held.load(scores, room);  // issued before the length arrives; unused for rows of length <= k
     const int64_t length = std::clamp<int64_t>(index_at(p.lengths, row), 0, room);
     if (length <= p.k) {  // uniform over the CTA
       for (int64_t j = threadIdx.x; j < p.k; j += blockDim.x) topk_write(p, row, j, j < length ? int32_t(j) : -1);
       continue;
     }
-    topk_select_sorted(s, p.scores + row * p.score_stride + start, length, int(p.k));
+    held.n = length;
+    if (length <= topk_held_capacity()) {
+      topk_select_sorted(s, held, scores, length, int(p.k));
+    } else {
+      topk_select_sorted(s, scores, length, int(p.k));
+    }
     for (int64_t j = threadIdx.x; j < p.k; j += blockDim.x) topk_write(p, row, j, int32_t(topk_pair_index(s.pairs[j])));
     __syncthreads();  // the pairs are read before the next row's select overwrites them
   }

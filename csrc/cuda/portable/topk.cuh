@@ -288,13 +288,53 @@ DSV4_DEVICE void topk_coarse_threshold(TopkShared& s, uint32_t k) {
   __syncthreads();
 }
 
-// The k best of x[0, n) (n > k, k a power of two up to kTopkMaxK), sorted, in s.pairs[0, k). Every thread calls
-// it (a CTA size topk_threads_supported takes); on return the pairs are visible to the whole CTA.
-DSV4_DEVICE void topk_select_sorted(TopkShared& s, const float* x, int64_t n, int k) {
+// The keys of a row read from memory at every pass.
+struct TopkMemoryKeys {
+  const float* x;
+  int64_t n;
+  template <class Use>
+  DSV4_DEVICE void for_all(Use use) const {
+    topk_for_all_keys(x, n, use);
+  }
+};
+
+// The scores of a row's first kTopkHeldKeys * blockDim.x entries held in registers (entry threadIdx.x + j
+// blockDim.x in v[j]), loaded once: the select's second pass then reads no memory, and the loads can be issued
+// before the row's length is known (load: entries below `available`, the row's room in memory).
+constexpr int kTopkHeldKeys = 2 * kTopkBatch;
+struct TopkHeldKeys {
+  float v[kTopkHeldKeys];
+  int64_t n;
+
+  DSV4_DEVICE void load(const float* x, int64_t available) {
+#pragma unroll
+    for (int j = 0; j < kTopkHeldKeys; ++j) {
+      const int64_t i = threadIdx.x + int64_t(j) * blockDim.x;
+      v[j] = i < available ? x[i] : 0.0f;
+    }
+  }
+  template <class Use>
+  DSV4_DEVICE void for_all(Use use) const {
+#pragma unroll
+    for (int j = 0; j < kTopkHeldKeys; ++j) {
+      const int64_t i = threadIdx.x + int64_t(j) * blockDim.x;
+      use(i, topk_order_key(v[j]), i < n);
+    }
+  }
+};
+DSV4_DEVICE int64_t topk_held_capacity() { return int64_t(kTopkHeldKeys) * blockDim.x; }
+
+// The k best of x[0, n) (n > k, k a power of two up to kTopkMaxK), sorted, in s.pairs[0, k), with the keys from
+// `keys` (a TopkMemoryKeys or TopkHeldKeys of the same n entries of x). Every thread calls it (a CTA size
+// topk_threads_supported takes); on return the pairs are visible to the whole CTA.
+template <class Keys>
+DSV4_DEVICE void topk_select_sorted(TopkShared& s, const Keys& keys, const float* x, int64_t n, int k) {
   for (int b = threadIdx.x; b < kTopkCoarseBins; b += blockDim.x) s.coarse[b] = 0;
   if (threadIdx.x == 0) s.count = 0, s.need = 0, s.in_digit = kTopkPairs + 1;  // no threshold: the exact path
   __syncthreads();
-  topk_for_keys(x, n, [&](int64_t, uint32_t key) { atomicAdd(&s.coarse[key >> kTopkCoarseShift], 1u); });
+  keys.for_all([&](int64_t, uint32_t key, bool in_range) {
+    if (in_range) atomicAdd(&s.coarse[key >> kTopkCoarseShift], 1u);
+  });
   __syncthreads();
   topk_coarse_threshold(s, uint32_t(k));
   const uint32_t gathered = uint32_t(k) - s.need + s.in_digit, bin = s.digit;
@@ -302,7 +342,7 @@ DSV4_DEVICE void topk_select_sorted(TopkShared& s, const float* x, int64_t n, in
     __syncthreads();  // every thread has read the threshold
     return topk_select_exact(s, x, n, k);
   }
-  topk_for_all_keys(x, n, [&](int64_t i, uint32_t key, bool in_range) {
+  keys.for_all([&](int64_t i, uint32_t key, bool in_range) {
     const bool take = in_range && (key >> kTopkCoarseShift) >= bin;
     const uint32_t at = warp_append(&s.count, take);
     if (take && at < uint32_t(kTopkPairs)) s.pairs[at] = (uint64_t(key) << 32) | ~uint32_t(i);
@@ -312,6 +352,10 @@ DSV4_DEVICE void topk_select_sorted(TopkShared& s, const float* x, int64_t n, in
   for (int j = int(gathered) + threadIdx.x; j < size; j += blockDim.x) s.pairs[j] = 0;  // below every real pair
   __syncthreads();
   topk_sort_pairs(s.pairs, size);
+}
+
+DSV4_DEVICE void topk_select_sorted(TopkShared& s, const float* x, int64_t n, int k) {
+  topk_select_sorted(s, TopkMemoryKeys{x, n}, x, n, k);
 }
 
 }  // namespace dsv4::cuda
