@@ -41,7 +41,6 @@ __global__ void __launch_bounds__(kTopkThreads, 1) topk_transform_kernel(TopkTra
       for (int64_t j = threadIdx.x; j < p.k; j += blockDim.x) topk_write(p, row, j, j < length ? int32_t(j) : -1);
       continue;
     }
-    held.n = length;
     if (length <= topk_held_capacity()) {
       topk_select_sorted(s, held, scores, length, int(p.k));
     } else {

@@ -291,9 +291,8 @@ DSV4_DEVICE void topk_coarse_threshold(TopkShared& s, uint32_t k) {
 // The keys of a row read from memory at every pass.
 struct TopkMemoryKeys {
   const float* x;
-  int64_t n;
   template <class Use>
-  DSV4_DEVICE void for_all(Use use) const {
+  DSV4_DEVICE void for_all(int64_t n, Use use) const {
     topk_for_all_keys(x, n, use);
   }
 };
@@ -304,7 +303,6 @@ struct TopkMemoryKeys {
 constexpr int kTopkHeldKeys = 2 * kTopkBatch;
 struct TopkHeldKeys {
   float v[kTopkHeldKeys];
-  int64_t n;
 
   DSV4_DEVICE void load(const float* x, int64_t available) {
 #pragma unroll
@@ -314,7 +312,7 @@ struct TopkHeldKeys {
     }
   }
   template <class Use>
-  DSV4_DEVICE void for_all(Use use) const {
+  DSV4_DEVICE void for_all(int64_t n, Use use) const {  // n <= topk_held_capacity()
 #pragma unroll
     for (int j = 0; j < kTopkHeldKeys; ++j) {
       const int64_t i = threadIdx.x + int64_t(j) * blockDim.x;
@@ -325,14 +323,14 @@ struct TopkHeldKeys {
 DSV4_DEVICE int64_t topk_held_capacity() { return int64_t(kTopkHeldKeys) * blockDim.x; }
 
 // The k best of x[0, n) (n > k, k a power of two up to kTopkMaxK), sorted, in s.pairs[0, k), with the keys from
-// `keys` (a TopkMemoryKeys or TopkHeldKeys of the same n entries of x). Every thread calls it (a CTA size
-// topk_threads_supported takes); on return the pairs are visible to the whole CTA.
+// `keys` (a TopkMemoryKeys or TopkHeldKeys of x). Every thread calls it (a CTA size topk_threads_supported takes);
+// on return the pairs are visible to the whole CTA.
 template <class Keys>
 DSV4_DEVICE void topk_select_sorted(TopkShared& s, const Keys& keys, const float* x, int64_t n, int k) {
   for (int b = threadIdx.x; b < kTopkCoarseBins; b += blockDim.x) s.coarse[b] = 0;
   if (threadIdx.x == 0) s.count = 0, s.need = 0, s.in_digit = kTopkPairs + 1;  // no threshold: the exact path
   __syncthreads();
-  keys.for_all([&](int64_t, uint32_t key, bool in_range) {
+  keys.for_all(n, [&](int64_t, uint32_t key, bool in_range) {
     if (in_range) atomicAdd(&s.coarse[key >> kTopkCoarseShift], 1u);
   });
   __syncthreads();
@@ -342,7 +340,7 @@ DSV4_DEVICE void topk_select_sorted(TopkShared& s, const Keys& keys, const float
     __syncthreads();  // every thread has read the threshold
     return topk_select_exact(s, x, n, k);
   }
-  keys.for_all([&](int64_t i, uint32_t key, bool in_range) {
+  keys.for_all(n, [&](int64_t i, uint32_t key, bool in_range) {
     const bool take = in_range && (key >> kTopkCoarseShift) >= bin;
     const uint32_t at = warp_append(&s.count, take);
     if (take && at < uint32_t(kTopkPairs)) s.pairs[at] = (uint64_t(key) << 32) | ~uint32_t(i);
@@ -355,7 +353,7 @@ DSV4_DEVICE void topk_select_sorted(TopkShared& s, const Keys& keys, const float
 }
 
 DSV4_DEVICE void topk_select_sorted(TopkShared& s, const float* x, int64_t n, int k) {
-  topk_select_sorted(s, TopkMemoryKeys{x, n}, x, n, k);
+  topk_select_sorted(s, TopkMemoryKeys{x}, x, n, k);
 }
 
 }  // namespace dsv4::cuda
