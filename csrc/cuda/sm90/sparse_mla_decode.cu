@@ -135,17 +135,27 @@ DSV4_SM90_DEVICE float row_reduce(const float (&s)[kScoreTiles][4], int r, Op op
 }
 
 // Online softmax of one tile: masks invalid entries, raises the running max, rescales O and the sums, and returns
-// P as bf16 A fragments (k16 step kk covers entries 16 kk .. +16).
+// P as bf16 A fragments (k16 step kk covers entries 16 kk .. +16). With a positive scale the scores stay unscaled:
+// the row max scales exactly (rounding is monotonic) and each weight is one fma and one ex2; a full tile (the
+// common case) skips the masking.
 DSV4_SM90_DEVICE void softmax_tile(float (&s)[kScoreTiles][4], uint64_t valid, float scale_log2, int lane,
                                    RowState& st, uint32_t (&p)[kPvSteps][4], float (&alpha)[2]) {
-  const uint64_t mine = valid >> (2 * (lane & 3));  // bit 8 t + j: column 8 t + 2 (lane & 3) + j is valid
+  float scale = scale_log2;
+  if (!(scale_log2 > 0.0f)) {  // uniform: scale first, so that the max below is the max of the scaled scores
 #pragma unroll
-  for (int t = 0; t < kScoreTiles; ++t)
+    for (int t = 0; t < kScoreTiles; ++t)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const bool ok = (mine >> (8 * t + (i & 1))) & 1u;
-      s[t][i] = ok ? s[t][i] * scale_log2 : -INFINITY;
-    }
+      for (int i = 0; i < 4; ++i) s[t][i] *= scale_log2;
+    scale = 1.0f;
+  }
+  if (valid != ~uint64_t(0)) {  // uniform
+    const uint64_t mine = valid >> (2 * (lane & 3));  // bit 8 t + j: column 8 t + 2 (lane & 3) + j is valid
+#pragma unroll
+    for (int t = 0; t < kScoreTiles; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (!((mine >> (8 * t + (i & 1))) & 1u)) s[t][i] = -INFINITY;
+  }
   const auto max_op = [](float x, float y) { return fmaxf(x, y); };
   const auto sum_op = [](float x, float y) { return x + y; };
   float offset[2];
@@ -154,7 +164,7 @@ DSV4_SM90_DEVICE void softmax_tile(float (&s)[kScoreTiles][4], uint64_t valid, f
     float m = row_reduce(s, r, max_op);
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-    const float new_max = fmaxf(st.max[r], m);
+    const float new_max = fmaxf(st.max[r], m * scale);
     offset[r] = new_max == -INFINITY ? 0.0f : new_max;  // nothing valid yet: every weight is exp2(-inf) = 0
     alpha[r] = st.max[r] == new_max ? 1.0f : fast_exp2(st.max[r] - offset[r]);
     st.max[r] = new_max;
@@ -163,7 +173,7 @@ DSV4_SM90_DEVICE void softmax_tile(float (&s)[kScoreTiles][4], uint64_t valid, f
 #pragma unroll
   for (int t = 0; t < kScoreTiles; ++t)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) s[t][i] = fast_exp2(s[t][i] - offset[i / 2]);
+    for (int i = 0; i < 4; ++i) s[t][i] = fast_exp2(fmaf(s[t][i], scale, -offset[i / 2]));
 #pragma unroll
   for (int r = 0; r < 2; ++r) st.sum[r] = st.sum[r] * alpha[r] + row_reduce(s, r, sum_op);
 #pragma unroll
