@@ -150,6 +150,15 @@ def test_rising_scores_raise_the_running_max(isa):
     check_decode(dict(q=q, kv_cache=cache, indices=torch.arange(entries).view(1, 1, entries), block_size=block_size))
 
 
+@pytest.mark.parametrize("scale", [-0.05, 0.0, 0.3])
+def test_any_softmax_scale(isa, scale):
+    """Negative, zero and large scales: the running max is that of the scaled scores (a negative scale turns the
+    largest dot products into the smallest logits)."""
+    args = decode_inputs(DecodeCase(b=2, h_q=8, topk=96, page=16, extra_topk=32, extra_page=8, topk_length=True))
+    args["sm_scale"] = scale
+    check_decode(args)
+
+
 def single_entry_outputs(cache: torch.Tensor, block_size: int, d_qk: int) -> torch.Tensor:
     """out of query n attending entry n alone with q = 0: exactly that entry's row, as bf16."""
     entries = cache.shape[0] * block_size

@@ -56,6 +56,14 @@ def test_rows_with_nothing_valid(isa, d_qk):
     assert (max_logits[:3] == -math.inf).all() and (lse[:3] == math.inf).all()
 
 
+@pytest.mark.parametrize("scale", [-0.05, 0.0, 0.3])
+def test_any_softmax_scale(isa, scale):
+    """Negative, zero and large scales: max_logits and the running max are those of the scaled scores."""
+    args = prefill_inputs(PrefillCase(s_q=3, h_q=8, topk=96, topk_length=True))
+    args["sm_scale"] = scale
+    check_prefill(args)
+
+
 def test_strided_query(isa):
     args = prefill_inputs(PrefillCase(s_q=6, h_q=10, s_kv=200, topk=96))
     wide = torch.randn(6, 16, MODEL1_HEAD_DIM + 32).bfloat16()
