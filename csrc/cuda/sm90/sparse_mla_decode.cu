@@ -707,8 +707,9 @@ DSV4_SM90_DEVICE void value_role(const SparseMlaDecodeParams& p, const int32_t* 
   const int64_t first = meta[0] < 0 ? 0 : meta[0], last = meta[1] < p.b ? meta[1] : p.b - 1;
   int64_t g = 0;
   for (int64_t r = first; r <= last; ++r) {
-    const int64_t tiles = piece_of(p, meta, r).tiles;  // zero for a skipped piece
-    if (tiles == 0 && piece_of(p, meta, r).skip) continue;
+    const Piece piece = piece_of(p, meta, r);
+    if (piece.skip) continue;
+    const int64_t tiles = piece.tiles;
     RowState st;
     clear_rows(st);
     for (int64_t i = 0; i < tiles; ++i, ++g) {
