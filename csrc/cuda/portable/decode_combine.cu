@@ -1,7 +1,7 @@
 // Merge of the split pieces of a sparse decode: every request the plan cut into more than one piece gets its
 // output and lse from the pieces' fp32 partials through their lse (requests with one piece were written by the
-// attention kernel). One warp per (query row, head), kHeadsPerCta heads per CTA, so a step without split requests
-// costs a few small waves of CTAs that read the plan and leave; fixed-order reductions keep it deterministic.
+// attention kernel). One warp per (query row, head), kHeadsPerCta heads per CTA; a plan without split requests costs
+// one small wave of CTAs that read two plan words and leave. Fixed-order reductions keep it deterministic.
 #include <atomic>
 
 #include "cuda/launchers.h"
@@ -20,6 +20,9 @@ constexpr int kPiecesInFlight = 4;  // partial rows loaded before the first is s
 static_assert(kDimsPerLane % 4 == 0, "whole float4 of every partial per lane");
 
 __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(SparseMlaDecodeParams p) {
+  // As many pieces as requests: no request was split, so there is nothing to merge. The plan was written before
+  // the attention grid started, so this is read without waiting for that grid.
+  if (p.sched.num_splits[p.b] - p.sched.num_splits[0] == p.b) return;
 #if !defined(__HIP_PLATFORM_AMD__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cudaGridDependencySynchronize();  // launched as a programmatic dependent: the attention grid and its writes first
 #endif

@@ -31,8 +31,9 @@ constexpr int kScorerRegs = 192, kValuerRegs = 176, kDecoderRegs = 72;  // setma
 static_assert(kScorerRegs + kValuerRegs + 2 * kDecoderRegs <= 4 * 128,
               "setmaxnreg.inc waits for registers the decoders released: never more than the CTA holds");
 // Named barriers (0 is __syncthreads): buffer b full = 1 + b (decoders -> scorer), buffer b empty = 3 + b (scorer
-// and valuer -> decoders), P of buffer b ready = 5 + b (scorer -> valuer), the scorer's own, the valuer's own.
-constexpr int kBarFull = 1, kBarEmpty = 3, kBarProbs = 5, kBarScorer = 7, kBarValuer = 8;
+// and valuer -> decoders), P of buffer b ready = 5 + b (scorer -> valuer), the scorer's own, the valuer's own, the
+// staged output rows (scorer and valuer).
+constexpr int kBarFull = 1, kBarEmpty = 3, kBarProbs = 5, kBarScorer = 7, kBarValuer = 8, kBarStage = 9;
 constexpr int kFullThreads = 3 * kGroupThreads, kEmptyThreads = 4 * kGroupThreads, kProbsThreads = 2 * kGroupThreads;
 constexpr int kPtrStages = 5;  // ring of published tiles' entry addresses
 constexpr int kPublishLead = 4;  // tiles published ahead of the one the valuer works on
@@ -77,6 +78,10 @@ constexpr int kSmemBytes = kMbarOffset + 2 * kPtrStages * 8 + kSwizzleAtomBytes;
 static_assert(kProbsOffset % 16 == 0 && kPtrOffset % 16 == 0 && kValidOffset % 8 == 0 && kMbarOffset % 8 == 0,
               "aligned handover, addresses and barriers");
 static_assert(kSmemBytes <= 227 * 1024, "fits the opt-in shared memory of one CTA");
+// The CTA's last output rows are staged from the q tile on (free once the last tile's P V is done), rows 16 bytes
+// longer than the output's so that a warp's stores of 8 rows hit distinct banks, and leave by bulk copies.
+constexpr int kStageRowBytes = kDim * 2 + 16;
+static_assert(kHeadsPerCta * kStageRowBytes <= kProbsOffset - kQOffset, "staged rows fit the q and K/V tiles");
 static_assert(kCursorOffset % 16 == 0 && kIndexOffset % 8 == 0, "aligned cursors and index slots");
 
 struct RowState {
@@ -544,7 +549,8 @@ struct Publisher {
 // no-valid-entry conventions): a single piece writes out / lse (and max_logits, the largest scaled score, where
 // given), a split piece its fp32 partial and lse.
 DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& piece, int64_t s, int64_t head0,
-                                  int row_group, int half, int lane, RowState& st, float* max_logits) {
+                                  int row_group, int half, int lane, RowState& st, float* max_logits,
+                                  uint8_t* stage = nullptr) {
   const PieceTarget& target = piece.target;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -559,7 +565,9 @@ DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& p
     const int64_t dim0 = int64_t(kHalfDim) * half + 2 * (lane & 3);
     const bool writes_lse = half == 0 && (lane & 3) == 0;
     if (target.single) {
-      uint16_t* out = p.out + ((piece.r * p.s_q + s) * p.h_q + head) * kDim + dim0;
+      uint16_t* out = stage != nullptr
+                          ? reinterpret_cast<uint16_t*>(stage + (head - head0) * kStageRowBytes) + dim0
+                          : p.out + ((piece.r * p.s_q + s) * p.h_q + head) * kDim + dim0;
 #pragma unroll
       for (int t = 0; t < kValueTiles; ++t)
         *reinterpret_cast<uint32_t*>(out + 8 * t) =
@@ -639,6 +647,32 @@ DSV4_SM90_DEVICE ProbsSlot probs_slot(uint8_t* smem, int tile) {
           reinterpret_cast<float2*>(base + 16 * (kPvSteps + 1) * kGroupThreads)};
 }
 
+// Whether the piece's output rows go out through the staging rows: the CTA's last piece, written to the output.
+DSV4_SM90_DEVICE bool stages_rows(const SparseMlaDecodeParams& p, const Piece& piece, int64_t last) {
+  return piece.r == last && piece.target.single && reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
+}
+
+// Finishes a piece's rows; the CTA's last piece goes through the staging rows: once both roles' P V are done (the
+// rows overlap the last K/V tile), each writes its half of the rows there, then thread h of the scorer copies row h
+// to the output. One call site of finish_rows per role keeps the row registers in one place.
+DSV4_SM90_DEVICE void finish_piece(const SparseMlaDecodeParams& p, const Piece& piece, bool staged, int64_t s,
+                                   int64_t head0, int row_group, int half, int lane, RowState& st, float* max_logits,
+                                   uint8_t* smem) {
+  uint8_t* stage = staged ? smem + kQOffset : nullptr;
+  if (staged) named_sync(kBarStage, 2 * kGroupThreads);
+  finish_rows(p, piece, s, head0, row_group, half, lane, st, max_logits, stage);
+  if (!staged) return;
+  fence_async_shared();  // the rows' stores, before the bulk copies read them
+  named_sync(kBarStage, 2 * kGroupThreads);
+  const int t = threadIdx.x % kGroupThreads;
+  if (half == 0 && t < kHeadsPerCta && head0 + t < p.h_q) {
+    bulk_copy_to_global(p.out + ((piece.r * p.s_q + s) * p.h_q + head0 + t) * kDim,
+                        shared_address(stage + t * kStageRowBytes), kDim * 2);
+    bulk_commit();
+    bulk_wait_all();
+  }
+}
+
 // Scorer warpgroup: per piece loads q; per tile S, the softmax, the P handover and O += P V for dims 0-255.
 DSV4_SM90_DEVICE void score_role(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t s, bool q_aligned,
                                  float* max_logits, uint8_t* smem) {
@@ -691,7 +725,7 @@ DSV4_SM90_DEVICE void score_role(const SparseMlaDecodeParams& p, const int32_t* 
       wgmma_wait_all();
       named_arrive(kBarEmpty + tile, kEmptyThreads);
     }
-    finish_rows(p, piece, s, head0, row_group, 0, lane, st, max_logits);
+    finish_piece(p, piece, stages_rows(p, piece, last), s, head0, row_group, 0, lane, st, max_logits, smem);
   }
   cp_async_wait_all();  // a q copy for a request whose piece was passed over may still be in flight
 }
@@ -710,6 +744,7 @@ DSV4_SM90_DEVICE void value_role(const SparseMlaDecodeParams& p, const int32_t* 
     const Piece piece = piece_of(p, meta, r);
     if (piece.skip) continue;
     const int64_t tiles = piece.tiles;
+    const bool staged = stages_rows(p, piece, last);
     RowState st;
     clear_rows(st);
     for (int64_t i = 0; i < tiles; ++i, ++g) {
@@ -735,7 +770,8 @@ DSV4_SM90_DEVICE void value_role(const SparseMlaDecodeParams& p, const int32_t* 
       wgmma_wait_all();
       named_arrive(kBarEmpty + tile, kEmptyThreads);
     }
-    finish_rows(p, piece_of(p, meta, r), s, head0, row_group, 1, lane, st, nullptr);  // reloaded: no registers held
+    // The piece is reloaded: no piece fields held across the tiles.
+    finish_piece(p, piece_of(p, meta, r), staged, s, head0, row_group, 1, lane, st, nullptr, smem);
   }
   cp_async_wait_all();  // index copies past the last tile
 }
@@ -766,6 +802,10 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
     mbarrier_init(ptr_free_bar(smem, threadIdx.x), 2 * kGroupThreads);
   }
   __syncthreads();
+  // A plan without split requests leaves the combine nothing to do: let its grid start (and leave) now rather
+  // than after this grid ends. With splits it starts at this grid's end, as without the trigger.
+  const auto& splits = p.sched.num_splits;
+  if (splits != nullptr && splits[p.b] - splits[0] == p.b) asm volatile("griddepcontrol.launch_dependents;\n");
   const int role = threadIdx.x / kGroupThreads;
   if (role >= kDecoder) {
     lower_registers<kDecoderRegs>();

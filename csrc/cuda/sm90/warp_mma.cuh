@@ -67,6 +67,15 @@ DSV4_SM90_DEVICE void bulk_copy_to_shared(uint32_t dst, const void* src, uint32_
                : "memory");
 }
 
+// Bulk shared -> global copy of `bytes` (multiple of 16, both ends 16-byte aligned) in this thread's bulk group;
+// bulk_wait_all waits for the thread's groups to complete.
+DSV4_SM90_DEVICE void bulk_copy_to_global(void* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
+               : "memory");
+}
+DSV4_SM90_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+DSV4_SM90_DEVICE void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
 // Orders this thread's earlier shared-memory stores before later wgmma reads of them (after a barrier).
 DSV4_SM90_DEVICE void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
