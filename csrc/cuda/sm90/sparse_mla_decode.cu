@@ -296,10 +296,19 @@ DSV4_SM90_DEVICE int64_t partition_tiles(const SparseMlaDecodeParams& p, const i
 
 constexpr uint8_t kFlagExtra = 1, kFlagWide = 2, kFlagNone = 0xff;
 
+// Starts copying (cp.async) index `at` of a set into dst.
+DSV4_SM90_DEVICE void copy_index_value(const SparseIndexSet& set, int64_t at, uint8_t* dst) {
+  if (set.is_int64) {
+    cp_async_8(shared_address(dst), static_cast<const int64_t*>(set.indices) + at);
+  } else {
+    cp_async_4(shared_address(dst), static_cast<const int32_t*>(set.indices) + at);
+  }
+}
+
 // Starts copying (cp.async) the index of entry e of the cursor's tile into an index slot, with a flag byte saying
-// which set it indexes (kFlagNone: no entry there).
+// which set it indexes (kFlagNone: no entry there); `copy` false: the value is already on its way, only the flag.
 DSV4_SM90_DEVICE void issue_index_copy(const SparseMlaDecodeParams& p, const TileCursor& c, int64_t s, int e,
-                                       uint8_t* index_slot, uint8_t* flag_slot) {
+                                       uint8_t* index_slot, uint8_t* flag_slot, bool copy = true) {
   uint8_t flag = kFlagNone;
   if (!c.done) {
     const int64_t j = c.piece.begin_block + c.i;
@@ -308,12 +317,7 @@ DSV4_SM90_DEVICE void issue_index_copy(const SparseMlaDecodeParams& p, const Til
     const int64_t column = (in_main ? j : j - c.piece.sets.main_blocks) * kEntriesPerBlock + e;
     if (column < (in_main ? c.piece.sets.main_length : c.piece.sets.extra_length)) {
       const int64_t at = c.piece.r * set.stride_b + s * set.stride_s + column * set.stride_k;
-      const uint32_t dst = shared_address(index_slot + e * 8);
-      if (set.is_int64) {
-        cp_async_8(dst, static_cast<const int64_t*>(set.indices) + at);
-      } else {
-        cp_async_4(dst, static_cast<const int32_t*>(set.indices) + at);
-      }
+      if (copy) copy_index_value(set, at, index_slot + e * 8);
       flag = uint8_t((in_main ? 0 : kFlagExtra) | (set.is_int64 ? kFlagWide : 0));
     }
   }
@@ -509,30 +513,47 @@ struct Publisher {
   uint8_t* smem;
   int e, part;
 
-  DSV4_SM90_DEVICE void copy_index(const SparseMlaDecodeParams& p, const TileCursor& c, int64_t x) {
+  DSV4_SM90_DEVICE void copy_index(const SparseMlaDecodeParams& p, const TileCursor& c, int64_t x, bool copy = true) {
     const int slot = int(x % kIndexSlots);
     if (part == 0)
-      issue_index_copy(p, c, s, e, index_slot(smem, slot), flag_slot(smem, slot));
+      issue_index_copy(p, c, s, e, index_slot(smem, slot), flag_slot(smem, slot), copy);
   }
 
+  // Publishes the first tiles, then counts the partition's tiles (a walk over its pieces' lengths). When the
+  // partition starts a request at its first block (always in the main set), that tile's index values are copied
+  // before the request's lengths are known; its flags follow from them.
   DSV4_SM90_DEVICE void start(const SparseMlaDecodeParams& p, const int32_t* meta) {
+    const int64_t first = meta[0] < 0 ? 0 : meta[0];
+    const bool early = meta[2] == 0 && first < p.b && p.main.indices != nullptr && p.main.topk >= kTile;
+    if (early && part == 0)
+      copy_index_value(p.main, first * p.main.stride_b + s * p.main.stride_s + e * p.main.stride_k,
+                       index_slot(smem, 0) + e * 8);
     TileCursor c = first_tile(p, meta);
+    const bool matches = !c.done && c.r == first && c.piece.begin_block == 0 && c.i == 0;
+    if (early && !matches) cp_async_wait_all();  // tile 0 is another one: its copy below must land last
+    uint32_t present = 0;  // bit x: the partition has tile x
     for (int x = 0; x < kIndexLead; ++x) {  // one group per tile, as publish's wait counts them
-      copy_index(p, c, x);
+      present |= c.done ? 0u : 1u << x;
+      copy_index(p, c, x, !(x == 0 && early && matches));
       cp_async_commit();
       next_tile(p, meta, c);
     }
-    total = partition_tiles(p, meta);  // walked while the first index copies are in flight
     for (int k = kIndexLead; k < kWalkAhead; ++k) {
       if (threadIdx.x % kGroupThreads == 0) *cursor_slot(smem, k) = c;
       next_tile(p, meta, c);
     }
     named_sync(kBarValuer, kGroupThreads);
-    for (int x = 0; x < kPublishLead; ++x) publish(p, meta, x);
+    static_assert(kPublishLead <= kIndexLead, "the first publishes are of tiles the start walked");
+    for (int x = 0; x < kPublishLead; ++x)
+      if ((present >> x) & 1u) publish_tile(p, meta, x);
+    total = partition_tiles(p, meta);
   }
 
   DSV4_SM90_DEVICE void publish(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t x) {
-    if (x >= total) return;
+    if (x < total) publish_tile(p, meta, x);
+  }
+
+  DSV4_SM90_DEVICE void publish_tile(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t x) {
     const int stage = int(x % kPtrStages), slot = int(x % kIndexSlots);
     if (x >= kPtrStages) mbarrier_wait(ptr_free_bar(smem, stage), uint32_t(x / kPtrStages - 1) & 1u);
     cp_async_wait_group<kIndexLead - 1>();  // the group that carried tile x's indices
