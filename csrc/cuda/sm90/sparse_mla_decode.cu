@@ -471,7 +471,13 @@ template <bool kBf16Rows>
 DSV4_SM90_DEVICE void decode_role(const SparseMlaDecodeParams& p, const int32_t* meta, int d, uint8_t* smem) {
   const int t = threadIdx.x % kGroupThreads, part = t % kDecodeThreadsPerEntry;
   const int e = kDecodeHalfEntries * d + t / kDecodeThreadsPerEntry;
+  // A plan without split requests leaves the combine nothing to do: let its grid start (and leave) now rather than
+  // after this grid ends. One thread's trigger counts for the CTA; its loads overlap the walk's. With splits the
+  // combine starts at this grid's end, as without a trigger.
+  const int32_t* splits = p.sched.num_splits;
+  const bool unsplit = d == 1 && t == 0 && splits != nullptr && splits[p.b] - splits[0] == p.b;
   const int64_t total = partition_tiles(p, meta);
+  if (unsplit) asm volatile("griddepcontrol.launch_dependents;\n");
   for (int64_t g = 0; g < total; ++g) {
     const int stage = int(g % kPtrStages), buffer = int(g % 2);
     uint8_t* tile = smem + kKvOffset + buffer * kTileBytes;
@@ -823,10 +829,6 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
     mbarrier_init(ptr_free_bar(smem, threadIdx.x), 2 * kGroupThreads);
   }
   __syncthreads();
-  // A plan without split requests leaves the combine nothing to do: let its grid start (and leave) now rather
-  // than after this grid ends. With splits it starts at this grid's end, as without the trigger.
-  const auto& splits = p.sched.num_splits;
-  if (splits != nullptr && splits[p.b] - splits[0] == p.b) asm volatile("griddepcontrol.launch_dependents;\n");
   const int role = threadIdx.x / kGroupThreads;
   if (role >= kDecoder) {
     lower_registers<kDecoderRegs>();
