@@ -573,8 +573,8 @@ struct Publisher {
 };
 
 // Finalises this thread's rows with the portable tier's row finishers (one definition of the lse, sink and
-// no-valid-entry conventions): a single piece writes out / lse (and max_logits, the largest scaled score, where
-// given), a split piece its fp32 partial and lse.
+// no-valid-entry conventions): a single piece writes out (into `stage` rows instead where given, see finish_piece)
+// and lse (and max_logits, the largest scaled score, where given), a split piece its fp32 partial and lse.
 DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& piece, int64_t s, int64_t head0,
                                   int row_group, int half, int lane, RowState& st, float* max_logits,
                                   uint8_t* stage = nullptr) {
