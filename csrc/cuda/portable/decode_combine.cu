@@ -1,7 +1,7 @@
 // Merge of the split pieces of a sparse decode: every request the plan cut into more than one piece gets its
 // output and lse from the pieces' fp32 partials through their lse (requests with one piece were written by the
-// attention kernel). One warp per (query row, head), kHeadsPerCta heads per CTA; a plan without split requests costs
-// one small wave of CTAs that read two plan words and leave. Fixed-order reductions keep it deterministic.
+// attention kernel). One warp per (query row, head), kHeadsPerCta heads per CTA; with a plan without split requests
+// its CTAs read two plan words and leave. Fixed-order reductions keep it deterministic.
 #include <atomic>
 
 #include "cuda/launchers.h"
@@ -20,12 +20,13 @@ constexpr int kPiecesInFlight = 4;  // partial rows loaded before the first is s
 static_assert(kDimsPerLane % 4 == 0, "whole float4 of every partial per lane");
 
 __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(SparseMlaDecodeParams p) {
-  // As many pieces as requests: no request was split, so there is nothing to merge. The plan was written before
-  // the attention grid started, so this is read without waiting for that grid.
-  if (p.sched.num_splits[p.b] - p.sched.num_splits[0] == p.b) return;
 #if !defined(__HIP_PLATFORM_AMD__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cudaGridDependencySynchronize();  // launched as a programmatic dependent: the attention grid and its writes first
+  // Launched as a programmatic dependent: the attention grid and its writes first. Every CTA waits, also when it
+  // has nothing to merge, so that the combine's completion implies the attention grid's for the work after it.
+  cudaGridDependencySynchronize();
 #endif
+  // As many pieces as requests (the planner gives every request at least one): nothing to merge.
+  if (p.sched.num_splits[p.b] - p.sched.num_splits[0] == p.b) return;
   const int lane = threadIdx.x % kWarpSize;
   const int64_t h = int64_t(blockIdx.y) * kHeadsPerCta + threadIdx.x / kWarpSize;
   const int64_t rows = p.b * p.s_q, split_rows = p.b + p.sched.num_parts;

@@ -471,9 +471,9 @@ template <bool kBf16Rows>
 DSV4_SM90_DEVICE void decode_role(const SparseMlaDecodeParams& p, const int32_t* meta, int d, uint8_t* smem) {
   const int t = threadIdx.x % kGroupThreads, part = t % kDecodeThreadsPerEntry;
   const int e = kDecodeHalfEntries * d + t / kDecodeThreadsPerEntry;
-  // A plan without split requests leaves the combine nothing to do: let its grid start (and leave) now rather than
-  // after this grid ends. One thread's trigger counts for the CTA; its loads overlap the walk's. With splits the
-  // combine starts at this grid's end, as without a trigger.
+  // A plan without split requests leaves the combine nothing to do: let its grid be scheduled now (it leaves as soon
+  // as this grid is done) rather than after this grid ends. One thread's trigger counts for the CTA; its loads
+  // overlap the walk's. With splits the combine starts at this grid's end, as without a trigger.
   const int32_t* splits = p.sched.num_splits;
   const bool unsplit = d == 1 && t == 0 && splits != nullptr && splits[p.b] - splits[0] == p.b;
   const int64_t total = partition_tiles(p, meta);
@@ -536,7 +536,10 @@ struct Publisher {
                        index_slot(smem, 0) + e * 8);
     TileCursor c = first_tile(p, meta);
     const bool matches = !c.done && c.r == first && c.piece.begin_block == 0 && c.i == 0;
-    if (early && !matches) cp_async_wait_all();  // tile 0 is another one: its copy below must land last
+    if (early && !matches) {  // tile 0 is another one: the early copy lands before the one below
+      cp_async_commit();
+      cp_async_wait_all();
+    }
     uint32_t present = 0;  // bit x: the partition has tile x
     for (int x = 0; x < kIndexLead; ++x) {  // one group per tile, as publish's wait counts them
       present |= c.done ? 0u : 1u << x;
@@ -680,7 +683,7 @@ DSV4_SM90_DEVICE bool stages_rows(const SparseMlaDecodeParams& p, const Piece& p
 }
 
 // Finishes a piece's rows; the CTA's last piece goes through the staging rows: once both roles' P V are done (the
-// rows overlap the last K/V tile), each writes its half of the rows there, then thread h of the scorer copies row h
+// rows overlap K/V buffer 0), each writes its half of the rows there, then thread h of the scorer copies row h
 // to the output. One call site of finish_rows per role keeps the row registers in one place.
 DSV4_SM90_DEVICE void finish_piece(const SparseMlaDecodeParams& p, const Piece& piece, bool staged, int64_t s,
                                    int64_t head0, int row_group, int half, int lane, RowState& st, float* max_logits,
