@@ -25,8 +25,7 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(SparseM
   // has nothing to merge, so that the combine's completion implies the attention grid's for the work after it.
   cudaGridDependencySynchronize();
 #endif
-  // As many pieces as requests (the planner gives every request at least one): nothing to merge.
-  if (p.sched.num_splits[p.b] - p.sched.num_splits[0] == p.b) return;
+  if (mla::plan_splits_nothing(p)) return;
   const int lane = threadIdx.x % kWarpSize;
   const int64_t h = int64_t(blockIdx.y) * kHeadsPerCta + threadIdx.x / kWarpSize;
   const int64_t rows = p.b * p.s_q, split_rows = p.b + p.sched.num_parts;

@@ -144,6 +144,12 @@ DSV4_DEVICE DecodePiece request_piece(const SparseMlaDecodeParams& p, const Part
   return piece;
 }
 
+// Whether the plan split no request: as many pieces as requests (the planner gives every request at least one),
+// so the combine has nothing to merge.
+DSV4_DEVICE bool plan_splits_nothing(const SparseMlaDecodeParams& p) {
+  return p.sched.num_splits[p.b] - p.sched.num_splits[0] == p.b;
+}
+
 // The index set (extra or main), first column and candidate columns (at most 64) of block `block` of request r:
 // the main set's blocks come first (at least one), then the extra set's.
 struct BlockColumns {

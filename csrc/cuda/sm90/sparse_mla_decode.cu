@@ -474,8 +474,7 @@ DSV4_SM90_DEVICE void decode_role(const SparseMlaDecodeParams& p, const int32_t*
   // A plan without split requests leaves the combine nothing to do: let its grid be scheduled now (it leaves as soon
   // as this grid is done) rather than after this grid ends. One thread's trigger counts for the CTA; its loads
   // overlap the walk's. With splits the combine starts at this grid's end, as without a trigger.
-  const int32_t* splits = p.sched.num_splits;
-  const bool unsplit = d == 1 && t == 0 && splits != nullptr && splits[p.b] - splits[0] == p.b;
+  const bool unsplit = d == 1 && t == 0 && p.sched.num_splits != nullptr && mla::plan_splits_nothing(p);
   const int64_t total = partition_tiles(p, meta);
   if (unsplit) asm volatile("griddepcontrol.launch_dependents;\n");
   for (int64_t g = 0; g < total; ++g) {
@@ -535,7 +534,7 @@ struct Publisher {
       copy_index_value(p.main, first * p.main.stride_b + s * p.main.stride_s + e * p.main.stride_k,
                        index_slot(smem, 0) + e * 8);
     TileCursor c = first_tile(p, meta);
-    const bool matches = !c.done && c.r == first && c.piece.begin_block == 0 && c.i == 0;
+    const bool matches = !c.done && c.r == first;  // then its tile 0 is block 0 (meta[2] == 0), the copied one
     if (early && !matches) {  // tile 0 is another one: the early copy lands before the one below
       cp_async_commit();
       cp_async_wait_all();
