@@ -65,12 +65,43 @@ def test_schedule_covers_every_block_once(device, b, topk, extra):
         assert splits[r + 1] - splits[r] == len(got), f"request {r}: num_splits"
         covered = [blk for _, first, end in got for blk in range(first, end)]
         assert covered == list(range(blocks[r])), f"request {r}: blocks covered {covered}"
-    total = sum(blocks) + FIXED_COST * b
-    budget = -(-total // meta.shape[0]) + FIXED_COST
+    parts, total = meta.shape[0], sum(blocks) + FIXED_COST * b
+    budget = -(-total // parts) + FIXED_COST
+    whole = keeps_requests_whole(b, parts, topk, extra or 0)
+    if whole:  # one piece per request, each partition within two of the largest requests of the mean cost
+        assert splits.tolist() == list(range(b + 1))
+        budget = -(-total // parts) + 2 * (max(blocks) + FIXED_COST)
     for begin_req, end_req, begin_block, end_block, *_ in meta[:-1].tolist():  # every partition but the last
         cost = sum((end_block if r == end_req else blocks[r]) - (begin_block if r == begin_req else 0) + FIXED_COST
                    for r in range(begin_req, end_req + 1))
         assert cost <= budget
+
+
+def keeps_requests_whole(b: int, parts: int, topk: int, extra_topk: int) -> bool:
+    """The plan's rule (common/decode_schedule.h): whole requests when, at full lengths, ceil(b / parts) of them
+    cost no more than a split plan's budget per partition."""
+    cost = -(-max(topk, 1) // BLOCK_ENTRIES) + -(-extra_topk // BLOCK_ENTRIES) + FIXED_COST
+    return -(-b // parts) * cost <= -(-b * cost // parts) + FIXED_COST
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("b,topk,extra,whole", [(1, 640, 128, False), (64, 512, 128, False), (132, 512, 128, True),
+                                                (264, 512, 128, True), (140, 512, 128, False)])
+def test_schedule_keeps_requests_whole_at_large_batches(device, b, topk, extra, whole):
+    q = torch.randn(b, 1, 64, 512).bfloat16().to(device)
+    indices = torch.zeros(b, 1, topk, dtype=torch.int32, device=device)
+    extra_indices = torch.zeros(b, 1, extra, dtype=torch.int32, device=device)
+    meta, splits = ops.sparse_mla_decode_schedule(q, indices, None, extra_indices, None)
+    parts = meta.shape[0]
+    if parts == 132:  # an H200: the V4-Flash shapes' modes
+        assert keeps_requests_whole(b, parts, topk, extra) == whole
+    pieces = (splits[1:] - splits[:-1]).cpu()
+    if keeps_requests_whole(b, parts, topk, extra):
+        assert (pieces == 1).all()
+        per_part = [m[1] - m[0] + 1 for m in meta.cpu().tolist() if m[0] < b]
+        assert max(per_part) == -(-b // parts), "full lengths: requests dealt evenly"
+    elif parts == 132:
+        assert pieces.sum() > b, "a split plan at these shapes cuts some request"
 
 
 CASE = DecodeCase(b=5, s_q=2, h_q=64, topk=640, page=64, extra_topk=128, extra_page=64, topk_length=True,

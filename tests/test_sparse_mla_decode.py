@@ -229,6 +229,13 @@ def test_split_entries_across_threads(isa, restore_threads, threads, b):
                                           topk_length=True)))
 
 
+def test_batch_of_whole_requests(isa):
+    # Enough requests that a GPU plan keeps each whole (two per partition on 132 SMs) and no combine runs; ragged
+    # lengths so that the partitions' costs differ.
+    check_decode(decode_inputs(DecodeCase(b=264, s_q=1, h_q=16, topk=128, page=64, extra_topk=64, extra_page=16,
+                                          topk_length=True, extra_topk_length=True)))
+
+
 def test_same_inputs_same_bits(isa):
     args = decode_inputs(DecodeCase(b=2, s_q=2, h_q=64, topk=300, page=61, extra_topk=64, extra_page=2))
     first = ops.sparse_mla_decode(**args)

@@ -34,22 +34,74 @@ DSV4_HOST_DEVICE inline int64_t request_blocks(const SparseMlaDecodeParams& p, i
   return main_blocks(p, r) + (set_length(p.extra, r) + kDecodeBlockEntries - 1) / kDecodeBlockEntries;
 }
 
+// Blocks of the longest request the index sets allow (every length at its top-k).
+DSV4_HOST_DEVICE inline int64_t max_request_blocks(const SparseMlaDecodeParams& p) {
+  const int64_t main = p.main.indices != nullptr && p.main.topk > 0 ? p.main.topk : 1;
+  const int64_t extra = p.extra.indices != nullptr ? p.extra.topk : 0;
+  const auto blocks = [](int64_t entries) { return (entries + kDecodeBlockEntries - 1) / kDecodeBlockEntries; };
+  return blocks(main) + blocks(extra);
+}
+
+// Whether the plan keeps every request whole (one piece each, so no combine step): when, at full lengths, dealing
+// ceil(b / parts) whole requests to a partition costs no more than the split plan's budget. A function of the
+// shapes only, so the launcher knows it without reading the plan.
+DSV4_HOST_DEVICE inline bool decode_plan_keeps_requests_whole(const SparseMlaDecodeParams& p) {
+  const int64_t parts = p.sched.num_parts, cost = max_request_blocks(p) + kDecodeFixedCostBlocks;
+  if (parts < 1 || p.b < 1) return true;
+  const int64_t per_part = (p.b + parts - 1) / parts;
+  return per_part * cost <= (p.b * cost + parts - 1) / parts + kDecodeFixedCostBlocks;
+}
+
+// Partition row m of a plan: requests [begin_req, end_req], blocks [begin_block, ...) of the first and [..., end_block)
+// of the last, the first piece's split index, whether the first / last request is cut. An empty partition
+// (begin_req == b) attends nothing.
+DSV4_HOST_DEVICE inline void write_partition(int32_t* m, int64_t begin_req, int64_t end_req, int64_t begin_block,
+                                             int64_t end_block, int64_t begin_piece, bool first_cut, bool last_cut) {
+  m[0] = int32_t(begin_req), m[1] = int32_t(end_req), m[2] = int32_t(begin_block), m[3] = int32_t(end_block);
+  m[4] = int32_t(begin_piece), m[5] = int32_t(first_cut), m[6] = int32_t(last_cut), m[7] = 0;
+}
+
+// The whole-request plan: partition k takes consecutive requests while that keeps its cost nearest the remaining
+// cost's share of each remaining partition (at least one request; the last partition takes the rest).
+DSV4_HOST_DEVICE inline void plan_whole_requests(const SparseMlaDecodeParams& p, int64_t total) {
+  const int64_t parts = p.sched.num_parts;
+  int32_t* splits = p.sched.num_splits;
+  int64_t req = 0, remaining = total;
+  splits[0] = 0;
+  for (int64_t part = 0; part < parts; ++part) {
+    const int64_t begin = req, target = (remaining + (parts - part) - 1) / (parts - part);
+    int64_t cost = 0;
+    while (req < p.b) {
+      const int64_t c = request_blocks(p, req) + kDecodeFixedCostBlocks;
+      if (part + 1 < parts && req > begin && 2 * cost + c > 2 * target) break;
+      cost += c, splits[req + 1] = int32_t(splits[req] + 1), ++req;
+    }
+    remaining -= cost;
+    int32_t* m = p.sched.sched_meta + part * kDecodeSchedWords;
+    if (req == begin) {
+      write_partition(m, p.b, p.b - 1, 0, 0, 0, false, false);
+    } else {
+      write_partition(m, begin, req - 1, 0, request_blocks(p, req - 1), 0, false, false);
+    }
+  }
+}
+
 // A CTA (group) working partition m attends, for each request r in [m[0], m[1]], blocks [r == m[0] ? m[2] : 0,
 // r == m[1] ? m[3] : request_blocks(r)); that piece is split row num_splits[r] + (r == m[0] ? m[4] : 0). A request
 // with a single piece (num_splits[r + 1] - num_splits[r] == 1) is written straight to the output.
-// Greedy partition of every request's blocks into p.sched.num_parts pieces of about equal cost (blocks plus a
-// fixed cost per piece). Writes p.sched.sched_meta [num_parts, 8] and p.sched.num_splits [b + 1].
+// Whole requests where decode_plan_keeps_requests_whole says so; otherwise a greedy partition of every request's
+// blocks into p.sched.num_parts pieces of about equal cost (blocks plus a fixed cost per piece). Writes
+// p.sched.sched_meta [num_parts, 8] and p.sched.num_splits [b + 1].
 DSV4_HOST_DEVICE inline void plan_decode_schedule(const SparseMlaDecodeParams& p) {
   const int64_t parts = p.sched.num_parts;
   int64_t total = 0;
   for (int64_t r = 0; r < p.b; ++r) total += request_blocks(p, r) + kDecodeFixedCostBlocks;
+  if (decode_plan_keeps_requests_whole(p)) return plan_whole_requests(p, total);
   const int64_t budget = (total + parts - 1) / parts + kDecodeFixedCostBlocks;
-  int32_t* meta = p.sched.sched_meta;
   int32_t* splits = p.sched.num_splits;
   int64_t req = 0, block = 0, piece = 0;  // next unassigned block: request, block in it, its piece index
   splits[0] = 0;
   for (int64_t part = 0; part < parts; ++part) {
-    int32_t* m = meta + part * kDecodeSchedWords;
     const int64_t begin_req = req, begin_block = block, begin_piece = piece;
     int64_t end_req = req, end_block = block, remaining = budget;
     const bool last_part = part == parts - 1;
@@ -69,15 +121,14 @@ DSV4_HOST_DEVICE inline void plan_decode_schedule(const SparseMlaDecodeParams& p
         break;
       }
     }
-    const bool empty = begin_req >= p.b || (end_req == begin_req && end_block == begin_block);
-    m[0] = int32_t(empty ? p.b : begin_req);
-    m[1] = int32_t(empty ? p.b - 1 : end_req);
-    m[2] = int32_t(empty ? 0 : begin_block);
-    m[3] = int32_t(empty ? 0 : end_block);
-    m[4] = int32_t(empty ? 0 : begin_piece);
-    m[5] = int32_t(!empty && (begin_block > 0 || (end_req == begin_req && end_block < request_blocks(p, begin_req))));
-    m[6] = int32_t(!empty && (end_block < request_blocks(p, end_req) || (end_req == begin_req && begin_block > 0)));
-    m[7] = 0;
+    int32_t* m = p.sched.sched_meta + part * kDecodeSchedWords;
+    if (begin_req >= p.b || (end_req == begin_req && end_block == begin_block)) {
+      write_partition(m, p.b, p.b - 1, 0, 0, 0, false, false);
+    } else {
+      write_partition(m, begin_req, end_req, begin_block, end_block, begin_piece,
+                      begin_block > 0 || (end_req == begin_req && end_block < request_blocks(p, begin_req)),
+                      end_block < request_blocks(p, end_req) || (end_req == begin_req && begin_block > 0));
+    }
   }
 }
 

@@ -329,7 +329,9 @@ def sparse_mla_decode_schedule(
     """The split plan of a sparse decode (FlashMLA's tile scheduler), computed on q's device.
 
     Every request's entries (main set rounded up to 64-entry blocks, then the extra set) are cut into
-    ``num_parts`` partitions of about equal cost, one persistent CTA group each on CUDA. Returns
+    ``num_parts`` partitions of about equal cost, one persistent CTA group each on CUDA. Where the batch is
+    large enough that whole requests balance as well at full lengths, every request stays one piece and no
+    combine step runs (a rule of the shapes alone). Returns
     ``tile_scheduler_metadata`` int32 ``[num_parts, 8]`` and ``num_splits`` int32 ``[b + 1]``; valid for
     sparse_mla_decode calls with the same shapes and lengths (no host synchronisation: CUDA-graph safe). As
     with FlashMLA, a plan made for other lengths gives unspecified outputs (never an access outside the tensors).

@@ -122,7 +122,8 @@ bool combine_waits_for_predecessor() {
 
 cudaError_t launch_decode_combine(const SparseMlaDecodeParams& p, cudaStream_t stream, bool dependent) {
   const int64_t rows = p.b * p.s_q;
-  if (rows == 0 || p.h_q == 0) return cudaSuccess;
+  // A whole-request plan writes every output row in the attention kernel: no launch (and no kernel boundary).
+  if (rows == 0 || p.h_q == 0 || decode_plan_keeps_requests_whole(p)) return cudaSuccess;
   const dim3 grid(unsigned(rows < kMaxRowBlocks ? rows : kMaxRowBlocks), unsigned(ceil_div(p.h_q, kHeadsPerCta)));
 #if !defined(__HIP_PLATFORM_AMD__)
   if (dependent && combine_waits_for_predecessor()) {
