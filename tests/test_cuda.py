@@ -22,7 +22,7 @@ from sparse_mla_cases import (
 from test_flash_mla_api import flashmla_kwargs
 
 needs_cuda = pytest.mark.skipif(not CUDA_TIERS, reason="needs a GPU and dsv4._C_cuda")
-BLOCK_ENTRIES, FIXED_COST = 64, 5  # the plan's block size and per-piece cost (common/decode_schedule.h)
+BLOCK_ENTRIES, FIXED_COST, COMBINE_COST = 64, 5, 2  # the plan's block size, per-piece and combine costs (params.h)
 DEVICES = ["cpu"] + (["cuda"] if CUDA_TIERS else [])
 
 
@@ -79,14 +79,14 @@ def test_schedule_covers_every_block_once(device, b, topk, extra):
 
 def keeps_requests_whole(b: int, parts: int, topk: int, extra_topk: int) -> bool:
     """The plan's rule (common/decode_schedule.h): whole requests when, at full lengths, ceil(b / parts) of them
-    cost no more than a split plan's budget per partition."""
+    cost no more than a split plan's budget per partition and its combine."""
     cost = -(-max(topk, 1) // BLOCK_ENTRIES) + -(-extra_topk // BLOCK_ENTRIES) + FIXED_COST
-    return -(-b // parts) * cost <= -(-b * cost // parts) + FIXED_COST
+    return -(-b // parts) * cost <= -(-b * cost // parts) + FIXED_COST + COMBINE_COST
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("b,topk,extra,whole", [(1, 640, 128, False), (64, 512, 128, False), (132, 512, 128, True),
-                                                (264, 512, 128, True), (140, 512, 128, False)])
+@pytest.mark.parametrize("b,topk,extra,whole", [(1, 640, 128, False), (61, 512, 128, False), (64, 512, 128, True),
+                                                (132, 512, 128, True), (264, 512, 128, True), (140, 512, 128, False)])
 def test_schedule_keeps_requests_whole_at_large_batches(device, b, topk, extra, whole):
     q = torch.randn(b, 1, 64, 512).bfloat16().to(device)
     indices = torch.zeros(b, 1, topk, dtype=torch.int32, device=device)

@@ -43,13 +43,13 @@ DSV4_HOST_DEVICE inline int64_t max_request_blocks(const SparseMlaDecodeParams& 
 }
 
 // Whether the plan keeps every request whole (one piece each, so no combine step): when, at full lengths, dealing
-// ceil(b / parts) whole requests to a partition costs no more than the split plan's budget. A function of the
-// shapes only, so the launcher knows it without reading the plan.
+// ceil(b / parts) whole requests to a partition costs no more than the split plan's budget and its combine. A
+// function of the shapes only, so the launcher knows it without reading the plan.
 DSV4_HOST_DEVICE inline bool decode_plan_keeps_requests_whole(const SparseMlaDecodeParams& p) {
   const int64_t parts = p.sched.num_parts, cost = max_request_blocks(p) + kDecodeFixedCostBlocks;
   if (parts < 1 || p.b < 1) return true;
   const int64_t per_part = (p.b + parts - 1) / parts;
-  return per_part * cost <= (p.b * cost + parts - 1) / parts + kDecodeFixedCostBlocks;
+  return per_part * cost <= (p.b * cost + parts - 1) / parts + kDecodeFixedCostBlocks + kDecodeCombineCostBlocks;
 }
 
 // Partition row m of a plan: requests [begin_req, end_req], blocks [begin_block, ...) of the first and [..., end_block)

@@ -227,6 +227,7 @@ struct SparseIndexSet {
 // by a combine step from fp32 partials.
 constexpr int64_t kDecodeBlockEntries = 64;  // entries per scheduling block
 constexpr int64_t kDecodeFixedCostBlocks = 5;  // per-piece overhead (load q, store o) in blocks
+constexpr int64_t kDecodeCombineCostBlocks = 2;  // a split plan's combine step, in blocks
 constexpr int64_t kDecodeSchedWords = 8;  // int32 words per partition in the plan
 
 struct DecodeSchedule {
