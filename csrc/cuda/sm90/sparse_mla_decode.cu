@@ -139,19 +139,26 @@ DSV4_SM90_DEVICE float row_reduce(const float (&s)[kScoreTiles][4], int r, Op op
   return v[0];
 }
 
-// Online softmax of one tile: masks invalid entries, raises the running max, rescales O and the sums, and returns
-// P as bf16 A fragments (k16 step kk covers entries 16 kk .. +16). With a positive scale the scores stay unscaled:
-// the row max scales exactly (rounding is monotonic) and each weight is one fma and one ex2; a full tile (the
-// common case) skips the masking.
-DSV4_SM90_DEVICE void softmax_tile(float (&s)[kScoreTiles][4], uint64_t valid, float scale_log2, int lane,
-                                   RowState& st, uint32_t (&p)[kPvSteps][4], float (&alpha)[2]) {
-  float scale = scale_log2;
+// The exp2 arguments of a tile's weights: weight = exp2(score * scale - offset[row]).
+struct TileWeights {
+  float scale;
+  float offset[2];
+};
+
+// Online softmax of one tile, first part: masks invalid entries, raises the running max and rescales O (alpha:
+// the rows' factors, for the sums and the valuer). With a positive scale the scores stay unscaled: the row max
+// scales exactly (rounding is monotonic) and each weight is one fma and one ex2; a full tile (the common case)
+// skips the masking.
+DSV4_SM90_DEVICE TileWeights softmax_rows(float (&s)[kScoreTiles][4], uint64_t valid, float scale_log2, int lane,
+                                          RowState& st, float (&alpha)[2]) {
+  TileWeights w;
+  w.scale = scale_log2;
   if (!(scale_log2 > 0.0f)) {  // uniform: scale first, so that the max below is the max of the scaled scores
 #pragma unroll
     for (int t = 0; t < kScoreTiles; ++t)
 #pragma unroll
       for (int i = 0; i < 4; ++i) s[t][i] *= scale_log2;
-    scale = 1.0f;
+    w.scale = 1.0f;
   }
   if (valid != ~uint64_t(0)) {  // uniform
     const uint64_t mine = valid >> (2 * (lane & 3));  // bit 8 t + j: column 8 t + 2 (lane & 3) + j is valid
@@ -162,27 +169,30 @@ DSV4_SM90_DEVICE void softmax_tile(float (&s)[kScoreTiles][4], uint64_t valid, f
         if (!((mine >> (8 * t + (i & 1))) & 1u)) s[t][i] = -INFINITY;
   }
   const auto max_op = [](float x, float y) { return fmaxf(x, y); };
-  const auto sum_op = [](float x, float y) { return x + y; };
-  float offset[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float m = row_reduce(s, r, max_op);
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-    const float new_max = fmaxf(st.max[r], m * scale);
-    offset[r] = new_max == -INFINITY ? 0.0f : new_max;  // nothing valid yet: every weight is exp2(-inf) = 0
-    alpha[r] = st.max[r] == new_max ? 1.0f : fast_exp2(st.max[r] - offset[r]);
+    const float new_max = fmaxf(st.max[r], m * w.scale);
+    w.offset[r] = new_max == -INFINITY ? 0.0f : new_max;  // nothing valid yet: every weight is exp2(-inf) = 0
+    alpha[r] = st.max[r] == new_max ? 1.0f : fast_exp2(st.max[r] - w.offset[r]);
     st.max[r] = new_max;
     rescale_row(st, r, alpha[r]);
   }
+  return w;
+}
+
+// The weights of k16 steps [kFirst, kEnd) (entries 16 kk .. +16): the scores become their weights, and P those
+// steps' bf16 A fragments.
+template <int kFirst, int kEnd>
+DSV4_SM90_DEVICE void tile_weights(float (&s)[kScoreTiles][4], const TileWeights& w, uint32_t (&p)[kPvSteps][4]) {
 #pragma unroll
-  for (int t = 0; t < kScoreTiles; ++t)
+  for (int t = 2 * kFirst; t < 2 * kEnd; ++t)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) s[t][i] = fast_exp2(fmaf(s[t][i], scale, -offset[i / 2]));
+    for (int i = 0; i < 4; ++i) s[t][i] = fast_exp2(fmaf(s[t][i], w.scale, -w.offset[i / 2]));
 #pragma unroll
-  for (int r = 0; r < 2; ++r) st.sum[r] = st.sum[r] * alpha[r] + row_reduce(s, r, sum_op);
-#pragma unroll
-  for (int kk = 0; kk < kPvSteps; ++kk) {
+  for (int kk = kFirst; kk < kEnd; ++kk) {
     p[kk][0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
     p[kk][1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
     p[kk][2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
@@ -190,16 +200,24 @@ DSV4_SM90_DEVICE void softmax_tile(float (&s)[kScoreTiles][4], uint64_t valid, f
   }
 }
 
+// Online softmax of one tile, last part: the running sums take the tile's weights (s after tile_weights).
+DSV4_SM90_DEVICE void add_row_sums(const float (&s)[kScoreTiles][4], const float (&alpha)[2], RowState& st) {
+  const auto sum_op = [](float x, float y) { return x + y; };
+#pragma unroll
+  for (int r = 0; r < 2; ++r) st.sum[r] = st.sum[r] * alpha[r] + row_reduce(s, r, sum_op);
+}
+
 // O[64 rows, this warpgroup's 256 dims] += P V (V = the K/V tile read N-major: one swizzle atom spans 8 entries of
 // 64 dims, so both atom strides are the 1024 bytes to the next 8 entries).
-template <int kSlab = 0>
+// Steps [kFirst, kEnd) of P (the whole tile by default); each O element sees its k steps in order either way.
+template <int kFirst = 0, int kEnd = kPvSteps, int kSlab = 0>
 DSV4_SM90_DEVICE void slab_values(uint32_t kv_base, const uint32_t (&p)[kPvSteps][4], int half, RowState& st) {
 #pragma unroll
-  for (int kk = 0; kk < kPvSteps; ++kk) {
+  for (int kk = kFirst; kk < kEnd; ++kk) {
     const uint32_t address = kv_base + uint32_t((kHalfSlabs * half + kSlab) * kSlabBytes + kk * 16 * kRowBytes);
     wgmma_64x64x16_rs_tn<8 * kSlab>(st.o, p[kk], swizzled_descriptor(address, kSwizzleAtomBytes, kSwizzleAtomBytes));
   }
-  if constexpr (kSlab + 1 < kHalfSlabs) slab_values<kSlab + 1>(kv_base, p, half, st);
+  if constexpr (kSlab + 1 < kHalfSlabs) slab_values<kFirst, kEnd, kSlab + 1>(kv_base, p, half, st);
 }
 
 DSV4_SM90_DEVICE void named_sync(int id, int threads) {
@@ -738,9 +756,19 @@ DSV4_SM90_DEVICE void score_role(const SparseMlaDecodeParams& p, const int32_t* 
         start_q(p, r + 1, s, head0, q_aligned, q_tile);
         q_request = r + 1;
       }
-      uint32_t probs[kPvSteps][4];
+      // The softmax, with P V of the first half of the tile's entries issued before the second half's weights are
+      // computed (their ex2s run under it).
       float alpha[2];
-      softmax_tile(scores, valid[tile], scale_log2, lane, st, probs, alpha);
+      const TileWeights weights = softmax_rows(scores, valid[tile], scale_log2, lane, st, alpha);
+      uint32_t probs[kPvSteps][4];
+      tile_weights<0, kPvSteps / 2>(scores, weights, probs);
+      wgmma_fence();
+      slab_values<0, kPvSteps / 2>(kv_tile, probs, 0, st);
+      tile_weights<kPvSteps / 2, kPvSteps>(scores, weights, probs);
+      wgmma_fence();  // the second half's P fragments were written after the first fence
+      slab_values<kPvSteps / 2, kPvSteps>(kv_tile, probs, 0, st);
+      wgmma_commit();
+      add_row_sums(scores, alpha, st);
       const ProbsSlot slot = probs_slot(smem, tile);
 #pragma unroll
       for (int kk = 0; kk < kPvSteps; ++kk)
@@ -748,9 +776,6 @@ DSV4_SM90_DEVICE void score_role(const SparseMlaDecodeParams& p, const int32_t* 
       slot.scale_max[t] = make_float4(alpha[0], alpha[1], st.max[0], st.max[1]);
       slot.sums[t] = make_float2(st.sum[0], st.sum[1]);
       named_arrive(kBarProbs + tile, kProbsThreads);
-      wgmma_fence();
-      slab_values(kv_tile, probs, 0, st);
-      wgmma_commit();
       wgmma_wait_all();
       named_arrive(kBarEmpty + tile, kEmptyThreads);
     }
