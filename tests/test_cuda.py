@@ -37,9 +37,20 @@ def plan_pieces(meta: torch.Tensor, splits: torch.Tensor, blocks: list[int]) -> 
     return pieces
 
 
+@pytest.fixture
+def cpu_units(request):
+    """Sets the CPU plan's partition count (intra-op threads) for the test, so that the split and whole plans of a
+    132-SM GPU are planned on any machine; restores it after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("cpu_units", [4, 132], indirect=True)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("b,topk,extra", [(1, 640, None), (7, 512, 128), (130, 1024, 64), (300, 64, None)])
-def test_schedule_covers_every_block_once(device, b, topk, extra):
+def test_schedule_covers_every_block_once(device, b, topk, extra, cpu_units):
     q = torch.randn(b, 1, 64, 512).bfloat16().to(device)
     indices = torch.zeros(b, 1, topk, dtype=torch.int32, device=device)
     lengths = torch.randint(0, topk + 8, (b,), dtype=torch.int32)  # past topk is clamped
@@ -84,16 +95,17 @@ def keeps_requests_whole(b: int, parts: int, topk: int, extra_topk: int) -> bool
     return -(-b // parts) * cost <= -(-b * cost // parts) + FIXED_COST + COMBINE_COST
 
 
+@pytest.mark.parametrize("cpu_units", [132], indirect=True)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("b,topk,extra,whole", [(1, 640, 128, False), (61, 512, 128, False), (64, 512, 128, True),
                                                 (132, 512, 128, True), (264, 512, 128, True), (140, 512, 128, False)])
-def test_schedule_keeps_requests_whole_at_large_batches(device, b, topk, extra, whole):
+def test_schedule_keeps_requests_whole_at_large_batches(device, b, topk, extra, whole, cpu_units):
     q = torch.randn(b, 1, 64, 512).bfloat16().to(device)
     indices = torch.zeros(b, 1, topk, dtype=torch.int32, device=device)
     extra_indices = torch.zeros(b, 1, extra, dtype=torch.int32, device=device)
     meta, splits = ops.sparse_mla_decode_schedule(q, indices, None, extra_indices, None)
     parts = meta.shape[0]
-    if parts == 132:  # an H200: the V4-Flash shapes' modes
+    if parts == 132:  # the CPU plan here, or an H200's: the V4-Flash shapes' kinds of plan
         assert keeps_requests_whole(b, parts, topk, extra) == whole
     pieces = (splits[1:] - splits[:-1]).cpu()
     if keeps_requests_whole(b, parts, topk, extra):

@@ -200,6 +200,16 @@ DSV4_SM90_DEVICE void tile_weights(float (&s)[kScoreTiles][4], const TileWeights
   }
 }
 
+// wgmma.fence for the P fragments of k16 steps [kFirst, kEnd): the empty asm keeps their packing above the fence
+// (register-only instructions otherwise drift below it, and ptxas then injects fences of its own).
+template <int kFirst, int kEnd>
+DSV4_SM90_DEVICE void fence_probs(uint32_t (&p)[kPvSteps][4]) {
+#pragma unroll
+  for (int kk = kFirst; kk < kEnd; ++kk)
+    asm volatile("" : "+r"(p[kk][0]), "+r"(p[kk][1]), "+r"(p[kk][2]), "+r"(p[kk][3])::"memory");
+  wgmma_fence();
+}
+
 // Online softmax of one tile, last part: the running sums take the tile's weights (s after tile_weights).
 DSV4_SM90_DEVICE void add_row_sums(const float (&s)[kScoreTiles][4], const float (&alpha)[2], RowState& st) {
   const auto sum_op = [](float x, float y) { return x + y; };
@@ -762,10 +772,10 @@ DSV4_SM90_DEVICE void score_role(const SparseMlaDecodeParams& p, const int32_t* 
       const TileWeights weights = softmax_rows(scores, valid[tile], scale_log2, lane, st, alpha);
       uint32_t probs[kPvSteps][4];
       tile_weights<0, kPvSteps / 2>(scores, weights, probs);
-      wgmma_fence();
+      fence_probs<0, kPvSteps / 2>(probs);
       slab_values<0, kPvSteps / 2>(kv_tile, probs, 0, st);
       tile_weights<kPvSteps / 2, kPvSteps>(scores, weights, probs);
-      wgmma_fence();  // the second half's P fragments were written after the first fence
+      fence_probs<kPvSteps / 2, kPvSteps>(probs);  // the second half's P fragments come after the first fence
       slab_values<kPvSteps / 2, kPvSteps>(kv_tile, probs, 0, st);
       wgmma_commit();
       add_row_sums(scores, alpha, st);
