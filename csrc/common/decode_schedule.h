@@ -24,22 +24,26 @@ DSV4_HOST_DEVICE inline int64_t set_length(const SparseIndexSet& s, int64_t r) {
   return len < 0 ? 0 : (len > s.topk ? s.topk : len);
 }
 
+// Whole blocks of kDecodeBlockEntries that n entries take.
+DSV4_HOST_DEVICE inline int64_t entry_blocks(int64_t n) {
+  return (n + kDecodeBlockEntries - 1) / kDecodeBlockEntries;
+}
+
 // Blocks of kDecodeBlockEntries request r is cut into: the main set (at least one entry, rounded up to a whole
 // block) followed by the extra set. Entry e of block j is main entry j*64+e while j < main blocks, else extra.
 DSV4_HOST_DEVICE inline int64_t main_blocks(const SparseMlaDecodeParams& p, int64_t r) {
   const int64_t len = set_length(p.main, r);
-  return (len > 0 ? len + kDecodeBlockEntries - 1 : kDecodeBlockEntries) / kDecodeBlockEntries;
+  return entry_blocks(len > 0 ? len : 1);
 }
 DSV4_HOST_DEVICE inline int64_t request_blocks(const SparseMlaDecodeParams& p, int64_t r) {
-  return main_blocks(p, r) + (set_length(p.extra, r) + kDecodeBlockEntries - 1) / kDecodeBlockEntries;
+  return main_blocks(p, r) + entry_blocks(set_length(p.extra, r));
 }
 
-// Blocks of the longest request the index sets allow (every length at its top-k).
+// Blocks of the longest request the index sets allow (every length at its top-k), counted as request_blocks does.
 DSV4_HOST_DEVICE inline int64_t max_request_blocks(const SparseMlaDecodeParams& p) {
-  const int64_t main = p.main.indices != nullptr && p.main.topk > 0 ? p.main.topk : 1;
+  const int64_t main = p.main.indices != nullptr ? p.main.topk : 0;
   const int64_t extra = p.extra.indices != nullptr ? p.extra.topk : 0;
-  const auto blocks = [](int64_t entries) { return (entries + kDecodeBlockEntries - 1) / kDecodeBlockEntries; };
-  return blocks(main) + blocks(extra);
+  return entry_blocks(main > 0 ? main : 1) + entry_blocks(extra);
 }
 
 // Whether the plan keeps every request whole (one piece each, so no combine step): when, at full lengths, dealing

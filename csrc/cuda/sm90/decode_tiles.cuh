@@ -39,7 +39,7 @@ struct RequestSets {
 DSV4_SM90_DEVICE RequestSets request_sets(const SparseMlaDecodeParams& p, int64_t r) {
   const int64_t main_length = set_length(p.main, r), extra_length = set_length(p.extra, r);
   const int64_t mb = main_blocks(p, r);
-  return {main_length, extra_length, mb, mb + (extra_length + kEntriesPerBlock - 1) / kEntriesPerBlock};
+  return {main_length, extra_length, mb, mb + entry_blocks(extra_length)};
 }
 
 // Four e4m3 codes -> two bf16x2 words holding code * 2^-120 exactly (sign to bit 15, exponent and mantissa to
