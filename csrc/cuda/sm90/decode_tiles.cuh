@@ -43,31 +43,43 @@ DSV4_SM90_DEVICE RequestSets request_sets(const SparseMlaDecodeParams& p, int64_
 }
 
 // Four e4m3 codes -> two bf16x2 words holding code * 2^-120 exactly (sign to bit 15, exponent and mantissa to
-// bits 4-10 of each half: e4m3 normals and subnormals both land on the bf16 value with the bias moved by 120).
+// bits 4-10 of each half: e4m3 normals and subnormals both land on the bf16 value with the bias moved by 120). One
+// prmt per pair puts each code in the low byte of its half with its sign copied over the high byte; shifted by 4,
+// bit 15 is then the sign and the mask clears the sign's other copies.
 DSV4_SM90_DEVICE void e4m3x4_to_bf16_biased(uint32_t codes, uint32_t& lo, uint32_t& hi) {
-  const uint32_t pairs[2] = {__byte_perm(codes, 0, 0x4140), __byte_perm(codes, 0, 0x4342)};
-  uint32_t out[2];
-  for (int i = 0; i < 2; ++i) {
-    const uint32_t shifted = pairs[i] << 4, sign = shifted & 0x08000800u;
-    out[i] = shifted + sign * 15u;  // bit 11 -> bit 15
-  }
-  lo = out[0], hi = out[1];
+  constexpr uint32_t kLowPair = 0x9180, kHighPair = 0xb3a2;  // bytes (0, sign 0, 1, sign 1) and (2, sign 2, 3, sign 3)
+  constexpr uint32_t kMask = 0x87f087f0u;
+  uint32_t pairs[2];
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(pairs[0]) : "r"(codes), "n"(kLowPair));
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(pairs[1]) : "r"(codes), "n"(kHighPair));
+  lo = (pairs[0] << 4) & kMask, hi = (pairs[1] << 4) & kMask;
 }
 
-constexpr uint32_t kMaxDirectScale = 134, kBiasShift = 120, kBf16ExponentShift = 7;
+constexpr uint32_t kMaxDirectScale = 134, kBiasShift = 120;
+
+// Bit 7 of each byte of the result is set where that byte of `codes` is an e4m3 NaN (low 7 bits all ones): adding 1
+// flips bit 7 exactly there (a carry into a byte needs a NaN code below it). Two instructions per word.
+DSV4_SM90_DEVICE uint32_t nan_code_bits(uint32_t codes) { return (codes + 0x01010101u) ^ codes; }
 
 // Whether 16 codes under scale byte b take the direct bf16 route (no e4m3 NaN code, 2^(b - 7) a bf16 normal).
 DSV4_SM90_DEVICE bool decodes_directly(uint4 codes, uint32_t scale_byte) {
-  const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
-  uint32_t nan_bits = 0;
-  for (int i = 0; i < 4; ++i) nan_bits |= ((words[i] & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u;
-  return nan_bits == 0 && scale_byte <= kMaxDirectScale;
+  const uint32_t nan_bits = nan_code_bits(codes.x) | nan_code_bits(codes.y) | nan_code_bits(codes.z) |
+                            nan_code_bits(codes.w);
+  return (nan_bits & 0x80808080u) == 0 && scale_byte <= kMaxDirectScale;
 }
 
-// The direct route: bf16 code * 2^-120 times bf16 2^(b - 7), exact for every finite code (decodes_directly).
-DSV4_SM90_DEVICE void decode_nope_16_direct(uint4 codes, uint32_t scale_byte, uint4& first, uint4& second) {
-  const uint32_t factor_half = (scale_byte + kBiasShift) << kBf16ExponentShift;
-  const uint32_t factor = factor_half | factor_half << 16;
+// The bf16x2 factor 2^(b - 7) (both halves) of scale byte b of `biased_scales`, the scale bytes plus kBiasShift
+// each (bytes of at most kMaxDirectScale: no carries).
+DSV4_SM90_DEVICE uint32_t direct_factor(uint32_t biased_scales, int byte) {
+  uint32_t halves;  // the byte at bits 8-15 and 24-31; shifted right by one it is each half's bf16 exponent
+  const uint32_t selector = 0x0404u | uint32_t(byte) << 4 | uint32_t(byte) << 12;  // (zero, byte, zero, byte)
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(halves) : "r"(biased_scales), "r"(selector));
+  return halves >> 1;
+}
+
+// The direct route with the factor of direct_factor: bf16 code * 2^-120 times bf16 2^(b - 7), exact for every
+// finite code (decodes_directly).
+DSV4_SM90_DEVICE void decode_nope_16_factor(uint4 codes, uint32_t factor, uint4& first, uint4& second) {
   const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
   uint32_t out[8];
   for (int i = 0; i < 4; ++i) {
@@ -77,6 +89,10 @@ DSV4_SM90_DEVICE void decode_nope_16_direct(uint4 codes, uint32_t scale_byte, ui
   }
   first = make_uint4(out[0], out[1], out[2], out[3]);
   second = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
+DSV4_SM90_DEVICE void decode_nope_16_direct(uint4 codes, uint32_t scale_byte, uint4& first, uint4& second) {
+  decode_nope_16_factor(codes, direct_factor(scale_byte + kBiasShift, 0), first, second);
 }
 
 // 16 nope codes sharing scale byte b -> 16 bf16 values e4m3 * 2^(b - 127) rounded once, as two 16-byte chunks.

@@ -399,8 +399,15 @@ struct EntryCodes {
   uint2 scales;
 };
 
+// An entry's 16 codes; the L2 fetches the 256 bytes around them (the entry's other codes, its RoPE values).
 DSV4_SM90_DEVICE uint4 load_16(const uint8_t* src, bool aligned) {
-  if (aligned) return __ldg(reinterpret_cast<const uint4*>(src));
+  if (aligned) {
+    uint4 v;
+    asm volatile("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(src));
+    return v;
+  }
   const uint2 lo = __ldg(reinterpret_cast<const uint2*>(src)), hi = __ldg(reinterpret_cast<const uint2*>(src + 8));
   return make_uint4(lo.x, lo.y, hi.x, hi.y);
 }
@@ -457,11 +464,14 @@ DSV4_SM90_DEVICE void store_entry(const EntryCodes& c, bool ok, int e, int part,
 #pragma unroll
   for (int k = 0; k < kDecodeItems; ++k) direct = direct && decodes_directly(c.nope[k], scales[k]);
   if (direct) {
+    // Each scale byte plus the bias, four at a time: every used byte is at most kMaxDirectScale here, so no add
+    // carries into a neighbour (the eighth byte, padding, may overflow out of the word).
+    const uint32_t biased[2] = {c.scales.x + 0x01010101u * kBiasShift, c.scales.y + 0x01010101u * kBiasShift};
 #pragma unroll
     for (int k = 0; k < kDecodeItems; ++k) {
       const int item = part + kDecodeThreadsPerEntry * k;
       uint4 first, second;
-      decode_nope_16_direct(c.nope[k], scales[k], first, second);
+      decode_nope_16_factor(c.nope[k], direct_factor(biased[k / 4], k % 4), first, second);
       *reinterpret_cast<uint4*>(tile + tile_offset(e, 2 * item)) = first;
       *reinterpret_cast<uint4*>(tile + tile_offset(e, 2 * item + 1)) = second;
     }
