@@ -195,6 +195,46 @@ def test_every_e4m3_code_and_scale_byte_decodes_exactly(isa):
     assert_rows_equal_where_normal(single_entry_outputs(cache, entries, MODEL1_HEAD_DIM), want)
 
 
+def test_nan_codes_give_nan_rows(isa):
+    """An attended MODEL1 entry with an e4m3 NaN code (0x7f or 0xff) at any nope position gives a NaN row and lse,
+    as the reference's dequantized NaN does; clean entries next to it stay exact."""
+    positions = list(range(0, MODEL1_NOPE_DIM, 11)) + [MODEL1_NOPE_DIM - 1]
+    entries = len(positions) + 4
+    cache = torch.zeros(1, entries * MODEL1_BYTES_PER_TOKEN, dtype=torch.uint8)
+    scale_region = entries * MODEL1_DATA_BYTES
+    for e in range(entries):
+        data = cache[0, e * MODEL1_DATA_BYTES : (e + 1) * MODEL1_DATA_BYTES]
+        data[:MODEL1_NOPE_DIM] = FINITE_E4M3_CODES[torch.randint(len(FINITE_E4M3_CODES), (MODEL1_NOPE_DIM,))]
+        if e < len(positions):
+            data[positions[e]] = 0x7F if e % 2 else 0xFF
+        data[MODEL1_NOPE_DIM:] = torch.randn(ROPE_DIM).bfloat16().view(torch.uint8)
+        cache[0, scale_region + e * MODEL1_SCALE_BYTES : scale_region + e * MODEL1_SCALE_BYTES + 7] = 120 + e % 8
+    q = torch.zeros(1, entries, 2, MODEL1_HEAD_DIM).bfloat16()  # clean rows: weight exactly 1, out the row itself
+    out, lse = ops.sparse_mla_decode(q, cache, torch.arange(entries).view(1, entries, 1), entries)
+    assert torch.isnan(out[0, : len(positions)]).all() and torch.isnan(lse[0, :, : len(positions)]).all()
+    clean = quant.model1_read(cache, torch.arange(entries), entries).bfloat16()[len(positions) :]
+    assert torch.equal(out[0, len(positions) :], clean[:, None].expand(-1, 2, -1))
+
+
+def test_nan_in_q_gives_nan_rows(isa):
+    """A NaN in one head's q makes that (query, head)'s out and lse NaN, as in the reference, through a split
+    plan and its combine; every other row keeps its bits."""
+    args = decode_inputs(DecodeCase(b=2, s_q=2, h_q=16, topk=512, extra_topk=128, sink=True))
+    out, lse = ops.sparse_mla_decode(**args)
+    args["q"] = args["q"].clone()
+    args["q"][1, 0, 3, 7] = math.nan
+    got, got_lse = ops.sparse_mla_decode(**args)
+    ref, ref_lse = reference_decode(args)
+    assert torch.isnan(ref[1, 0, 3]).all() and torch.isnan(ref_lse[1, 3, 0])
+    assert torch.isnan(got[1, 0, 3]).all() and torch.isnan(got_lse[1, 3, 0])
+    hit = torch.zeros_like(out, dtype=torch.bool)
+    hit[1, 0, 3] = True
+    assert torch.equal(got[~hit], out[~hit])
+    hit_lse = torch.zeros_like(lse, dtype=torch.bool)
+    hit_lse[1, 3, 0] = True
+    assert torch.equal(got_lse[~hit_lse], lse[~hit_lse])
+
+
 def test_v32_scales_decode_exactly(isa):
     """V32 rows (fp32 tile scales, not only powers of two): bf16 of e4m3 x scale, rounded once."""
     scales = torch.tensor([2.0**-20, 0.37, 1.0, 3.14159, 64.0, 1e-3, 5e-7, 0.5])

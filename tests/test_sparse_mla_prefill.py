@@ -56,6 +56,23 @@ def test_rows_with_nothing_valid(isa, d_qk):
     assert (max_logits[:3] == -math.inf).all() and (lse[:3] == math.inf).all()
 
 
+def test_nan_in_q_gives_nan_rows(isa):
+    """A NaN in one head's q makes that (token, head)'s out, max_logits and lse NaN, as in the reference; every
+    other row keeps its bits."""
+    args = prefill_inputs(PrefillCase(s_q=3, h_q=16, topk=192))
+    out, max_logits, lse = ops.sparse_mla_prefill(**args)
+    args["q"] = args["q"].clone()
+    args["q"][2, 5, 100] = math.nan
+    got, got_max, got_lse = ops.sparse_mla_prefill(**args)
+    ref, ref_max, ref_lse = reference_prefill(args)
+    assert torch.isnan(ref[2, 5]).all() and torch.isnan(ref_max[2, 5]) and torch.isnan(ref_lse[2, 5])
+    assert torch.isnan(got[2, 5]).all() and torch.isnan(got_max[2, 5]) and torch.isnan(got_lse[2, 5])
+    hit = torch.zeros(3, 16, dtype=torch.bool)
+    hit[2, 5] = True
+    assert torch.equal(got[~hit], out[~hit])
+    assert torch.equal(got_max[~hit], max_logits[~hit]) and torch.equal(got_lse[~hit], lse[~hit])
+
+
 @pytest.mark.parametrize("scale", [-0.05, 0.0, 0.3])
 def test_any_softmax_scale(isa, scale):
     """Negative, zero and large scales: max_logits and the running max are those of the scaled scores."""

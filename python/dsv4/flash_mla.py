@@ -109,7 +109,8 @@ def flash_mla_with_kvcache(
     attn_sink: fp32 ``[h_q]``: out is scaled by ``1 / (1 + exp(sink - lse))`` (+inf gives 0, -inf no change).
     block_table and cache_seqlens are ignored in sparse mode (may be None). softmax_scale defaults to
     ``d_qk ** -0.5``. Returns out bf16 ``[b, s_q, h_q, head_dim_v]`` (written into ``out`` when given) and
-    the natural-log lse fp32 ``[b, h_q, s_q]`` without the sink; a query with no valid entry gives 0 and +inf.
+    the natural-log lse fp32 ``[b, h_q, s_q]`` without the sink; a query with no valid entry gives 0 and +inf, a
+    NaN score (NaN in q or an attended row) NaN.
     """
     if not isinstance(tile_scheduler_metadata, FlashMLASchedMeta):
         raise TypeError(f"flash_mla_with_kvcache: tile_scheduler_metadata must be the FlashMLASchedMeta from "
@@ -161,6 +162,6 @@ def flash_mla_sparse_fwd(
     q: bf16 ``[s_q, h_q, d_qk]``; kv: bf16 ``[s_kv, 1, d_qk]``; indices: int32 (or int64) ``[s_q, 1, topk]``
     rows of kv (< 0, >= s_kv and columns at or past ``topk_length[s]`` (int ``[s_q]``) are skipped);
     attn_sink: fp32 ``[h_q]``. Returns out bf16 ``[s_q, h_q, d_v]``, max_logits and natural-log lse fp32
-    ``[s_q, h_q]`` (a row with no valid index: out 0, max_logits -inf, lse +inf).
+    ``[s_q, h_q]`` (a row with no valid index: out 0, max_logits -inf, lse +inf; a NaN score: all three NaN).
     """
     return ops.sparse_mla_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)

@@ -309,7 +309,8 @@ def sparse_mla_decode(
     q bf16 ``[b, s_q, h_q, d_qk]`` (512 = MODEL1, 576 = V32); indices ``[b, s_q, topk]`` global
     slots (-1 / out of cache / at or past ``topk_length[b]`` are invalid). Returns out bf16
     ``[b, s_q, h_q, head_dim_v]`` and natural-log lse fp32 ``[b, h_q, s_q]``; a query with no valid
-    entry gives 0 and lse +inf. ``attn_sink [h_q]`` scales out by ``1 / (1 + exp(sink - lse))``.
+    entry gives 0 and lse +inf; a NaN score (NaN in q or in an attended row) gives NaN out and lse for its
+    heads. ``attn_sink [h_q]`` scales out by ``1 / (1 + exp(sink - lse))``.
     ``tile_scheduler_metadata`` / ``num_splits``: a plan from :func:`sparse_mla_decode_schedule` for these
     lengths (CUDA plans on the device when they are None; the CPU ignores them).
     """
@@ -359,7 +360,7 @@ def sparse_mla_prefill(
     """FlashMLA sparse prefill on bf16 kv ``[s_kv, 1, d_qk]``: q ``[s_q, h_q, d_qk]``, indices
     ``[s_q, 1, topk]`` (invalid: < 0 or >= s_kv or at/past ``topk_length[s]``). Returns out bf16
     ``[s_q, h_q, head_dim_v]``, max_logits and natural-log lse fp32 ``[s_q, h_q]`` (no valid index:
-    out 0, max_logits -inf, lse +inf)."""
+    out 0, max_logits -inf, lse +inf; a NaN score: all three NaN)."""
     return _ops.sparse_mla_prefill(q, kv, indices, sm_scale, head_dim_v, attn_sink, topk_length)
 
 

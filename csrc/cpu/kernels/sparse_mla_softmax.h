@@ -135,10 +135,20 @@ constexpr int64_t kMaxParts = 64;  // splits of one query's rows that finish_que
 
 // Combines the partial states of one query (the splits of its rows) into its outputs: lse = ln sum of all
 // exponentials; out = sum of the parts' acc, each weighted exp(max_i - lse), times 1 / (1 + exp(sink - lse)).
+// A NaN score (a NaN in q or in an attended row) reaches a part's sum: that head's out, lse and max_logits are NaN,
+// as in the reference, rather than looking like a head with nothing attended.
 inline void finish_query(const SoftmaxState* parts, int64_t num_parts, const QueryOutput& o) {
   const float* rows[kMaxParts];
   float weight[kMaxParts];
   for (int64_t h = 0; h < o.heads; ++h) {
+    bool nan = false;
+    for (int64_t i = 0; i < num_parts; ++i) nan = nan || std::isnan(parts[i].sum[h]);
+    if (nan) {
+      std::fill(o.out + h * kValueDim, o.out + (h + 1) * kValueDim, f32_to_bf16(NAN));
+      o.lse[h * o.lse_stride] = NAN;
+      if (o.max_logits) o.max_logits[h * o.lse_stride] = NAN;
+      continue;
+    }
     float best = -INFINITY, top = -INFINITY;
     for (int64_t i = 0; i < num_parts; ++i) {
       if (parts[i].sum[h] > 0.0f) best = std::fmax(best, parts[i].max[h] + std::log(parts[i].sum[h]));

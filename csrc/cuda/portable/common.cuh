@@ -24,6 +24,8 @@ constexpr int kWarpSize = 64;
 constexpr int kWarpSize = 32;
 #endif
 
+constexpr uint16_t kBf16QuietNan = 0x7fc0;
+constexpr uint32_t kF32QuietNanBits = 0x7fc00000u;
 constexpr float kFp8Max = 448.0f;
 constexpr float kScaleFloor = 1e-4f;  // MODEL1/V32 tiles: floor of amax / 448
 constexpr float kIndexerAmaxFloor = 1e-4f;  // indexer K/Q: floor of amax

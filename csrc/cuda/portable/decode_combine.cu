@@ -37,10 +37,19 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(SparseM
     const float* lse_of = p.sched.lse_accum + mla::accum_row(p, first, s, h);
     const int64_t lse_step = p.s_q * p.h_q;  // one split row further
     float best = -INFINITY;
-    for (int64_t i = lane; i < pieces; i += kWarpSize) best = fmaxf(best, lse_of[i * lse_step]);
+    bool nan = false;  // a piece saw a NaN score: the row is NaN, as in the reference
+    for (int64_t i = lane; i < pieces; i += kWarpSize) {
+      const float l = lse_of[i * lse_step];
+      best = fmaxf(best, l), nan = nan || l != l;
+    }
     best = warp_max(best);
     uint16_t* out = p.out + (row * p.h_q + h) * mla::kValueDim;
     float* lse_out = p.lse + (r * p.h_q + h) * p.s_q + s;
+    if (warp_ballot(nan) != 0) {
+      for (int k = 0; k < kDimsPerLane; ++k) out[lane * kDimsPerLane + k] = kBf16QuietNan;
+      if (lane == 0) *lse_out = __uint_as_float(kF32QuietNanBits);
+      continue;
+    }
     if (best == -INFINITY) {  // no piece attended a valid entry
       for (int k = 0; k < kDimsPerLane; ++k) out[lane * kDimsPerLane + k] = 0;
       if (lane == 0) *lse_out = INFINITY;

@@ -188,17 +188,19 @@ struct RowFinish {
 };
 
 // The final row: lse = max + ln(sum), out_scale = 1 / sum times the sink factor 1 / (1 + exp(sink - lse)) (the
-// lse excludes the sink); no valid entry: out exactly 0 and lse +inf.
+// lse excludes the sink); no valid entry: out exactly 0 and lse +inf. A NaN score (in q or an attended row) makes
+// the sum NaN, and with it lse and out, as in the reference.
 DSV4_DEVICE RowFinish finish_output_row(float max, float sum, const float* attn_sink, int64_t head) {
-  if (!(sum > 0.0f)) return {INFINITY, 0.0f};
+  if (sum == 0.0f) return {INFINITY, 0.0f};
   const float lse = max + logf(sum);
   const float sink_factor = attn_sink ? 1.0f / (1.0f + expf(attn_sink[head] - lse)) : 1.0f;
   return {lse, (1.0f / sum) * sink_factor};
 }
 
-// A split partial: o = acc / sum and its lse; no valid entry: zeros and lse -inf (the combine skips it).
+// A split partial: o = acc / sum and its lse; no valid entry: zeros and lse -inf (the combine skips it); a NaN
+// sum gives a NaN lse, which the combine passes on.
 DSV4_DEVICE RowFinish finish_partial_row(float max, float sum) {
-  if (!(sum > 0.0f)) return {-INFINITY, 0.0f};
+  if (sum == 0.0f) return {-INFINITY, 0.0f};
   return {max + logf(sum), 1.0f / sum};
 }
 
