@@ -36,7 +36,7 @@ DSV4_DEVICE uint8_t ue8m0_byte(int e) {
 }
 // 2^(b - 127) (b = 0 is the subnormal 2^-127), NaN for 255.
 DSV4_DEVICE float ue8m0_value(uint8_t b) {
-  return b == 255 ? __uint_as_float(0x7fc00000u) : ldexpf(1.0f, int(b) - 127);
+  return b == 255 ? __uint_as_float(kF32QuietNanBits) : ldexpf(1.0f, int(b) - 127);
 }
 
 // Quantizes tile t (elements [t * kTile, (t + 1) * kTile), already bf16-rounded) to e4m3 codes[element] with a

@@ -158,7 +158,7 @@ DSV4_DEVICE float e4m3_to_f32(uint8_t c) {
   const uint32_t exp = (c >> 3) & 0xfu, man = c & 7u;
   float v;
   if (exp == 0) v = ldexpf(float(man), -9);
-  else if (exp == 15 && man == 7) v = __uint_as_float(0x7fc00000u);
+  else if (exp == 15 && man == 7) v = __uint_as_float(kF32QuietNanBits);
   else v = __uint_as_float(((exp + 120u) << 23) | (man << 20));
   return (c & 0x80u) ? -v : v;
 }

@@ -45,14 +45,10 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(SparseM
     best = warp_max(best);
     uint16_t* out = p.out + (row * p.h_q + h) * mla::kValueDim;
     float* lse_out = p.lse + (r * p.h_q + h) * p.s_q + s;
-    if (warp_ballot(nan) != 0) {
-      for (int k = 0; k < kDimsPerLane; ++k) out[lane * kDimsPerLane + k] = kBf16QuietNan;
-      if (lane == 0) *lse_out = __uint_as_float(kF32QuietNanBits);
-      continue;
-    }
-    if (best == -INFINITY) {  // no piece attended a valid entry
-      for (int k = 0; k < kDimsPerLane; ++k) out[lane * kDimsPerLane + k] = 0;
-      if (lane == 0) *lse_out = INFINITY;
+    nan = warp_ballot(nan) != 0;
+    if (nan || best == -INFINITY) {  // a NaN piece: a NaN row; no piece attended a valid entry: 0 and +inf
+      for (int k = 0; k < kDimsPerLane; ++k) out[lane * kDimsPerLane + k] = nan ? kBf16QuietNan : 0;
+      if (lane == 0) *lse_out = nan ? __uint_as_float(kF32QuietNanBits) : INFINITY;
       continue;
     }
     float total = 0.0f;

@@ -62,7 +62,7 @@ DSV4_DEVICE float load_unaligned_f32(const uint8_t* p) {
 
 // 2^(b - 127) of a UE8M0 scale byte (255 is NaN, 0 the denormal 2^-127), as the CPU's model1_load.
 DSV4_DEVICE float ue8m0_scale(uint8_t b) {
-  if (b == kNanScaleByte) return __uint_as_float(0x7fc00000u);
+  if (b == kNanScaleByte) return __uint_as_float(kF32QuietNanBits);
   return b == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(uint32_t(b) << 23);
 }
 
@@ -185,23 +185,25 @@ DSV4_DEVICE int64_t accum_row(const SparseMlaDecodeParams& p, int64_t split_row,
 struct RowFinish {
   float lse;
   float out_scale;
+  float max_logit;  // the row's largest score (prefill's max_logits), NaN with a NaN lse
 };
 
 // The final row: lse = max + ln(sum), out_scale = 1 / sum times the sink factor 1 / (1 + exp(sink - lse)) (the
 // lse excludes the sink); no valid entry: out exactly 0 and lse +inf. A NaN score (in q or an attended row) makes
 // the sum NaN, and with it lse and out, as in the reference.
 DSV4_DEVICE RowFinish finish_output_row(float max, float sum, const float* attn_sink, int64_t head) {
-  if (sum == 0.0f) return {INFINITY, 0.0f};
+  if (sum == 0.0f) return {INFINITY, 0.0f, max};
   const float lse = max + logf(sum);
   const float sink_factor = attn_sink ? 1.0f / (1.0f + expf(attn_sink[head] - lse)) : 1.0f;
-  return {lse, (1.0f / sum) * sink_factor};
+  return {lse, (1.0f / sum) * sink_factor, lse != lse ? lse : max};
 }
 
 // A split partial: o = acc / sum and its lse; no valid entry: zeros and lse -inf (the combine skips it); a NaN
 // sum gives a NaN lse, which the combine passes on.
 DSV4_DEVICE RowFinish finish_partial_row(float max, float sum) {
-  if (sum == 0.0f) return {-INFINITY, 0.0f};
-  return {max + logf(sum), 1.0f / sum};
+  if (sum == 0.0f) return {-INFINITY, 0.0f, max};
+  const float lse = max + logf(sum);
+  return {lse, 1.0f / sum, lse != lse ? lse : max};
 }
 
 // Two output dims scaled and packed as bf16 (a zero scale writes +0, never -0).

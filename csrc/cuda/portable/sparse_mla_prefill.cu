@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(kCtaThreads) sparse_mla_prefill_kernel(SparseM
       const int64_t head = head0 + h, row = s * p.h_q + head;
       const mla::RowFinish f = mla::finish_output_row(sm.row_max[h], sm.row_sum[h], p.attn_sink, head);
       mla::store_output_dims(st, h, f.out_scale, p.out + row * mla::kValueDim);
-      if (t == h) p.lse[row] = f.lse, p.max_logits[row] = f.lse != f.lse ? f.lse : sm.row_max[h];  // NaN with lse
+      if (t == h) p.lse[row] = f.lse, p.max_logits[row] = f.max_logit;
     }
   }
 }

@@ -641,7 +641,7 @@ DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& p
             pack_bf16x2(st.o[t][2 * r] * f.out_scale, st.o[t][2 * r + 1] * f.out_scale);
       const int64_t lse_at = (piece.r * p.h_q + head) * p.s_q + s;
       if (writes_lse) p.lse[lse_at] = f.lse;
-      if (writes_lse && max_logits != nullptr) max_logits[lse_at] = f.lse != f.lse ? f.lse : max;  // NaN with lse
+      if (writes_lse && max_logits != nullptr) max_logits[lse_at] = f.max_logit;
     } else {
       const int64_t row = mla::accum_row(p, target.split_row, s, head);
       float* out = p.sched.o_accum + row * kDim + dim0;
