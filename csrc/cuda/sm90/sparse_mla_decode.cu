@@ -5,7 +5,7 @@
 // each tile's entry addresses several tiles ahead (the index values travel further ahead through a shared-memory
 // ring, so no thread waits on an index load); two decoders (warpgroups 2 and 3, half of every tile each) load a
 // tile's codes straight into registers before its buffer (two K/V tiles alternate) is free and then write it as
-// bf16. Tiles and P are handed over with named barriers, the address ring with mbarriers.
+// bf16. Full tiles and P are handed over with named barriers, empty buffers and the address ring with mbarriers.
 // The MODEL1-shaped bf16 sparse prefill runs on the same kernel: each query token is a request whose entries are
 // bf16 rows (the decoders copy them whole), with no split plan (persistent CTAs over consecutive tokens).
 #include <cmath>
@@ -30,11 +30,12 @@ constexpr int kScorer = 0, kDecoder = 2;  // warpgroup 0 scores, 1 values and pu
 constexpr int kScorerRegs = 192, kValuerRegs = 176, kDecoderRegs = 72;  // setmaxnreg: 192 + 176 + 2 x 72 = 4 x 128
 static_assert(kScorerRegs + kValuerRegs + 2 * kDecoderRegs <= 4 * 128,
               "setmaxnreg.inc waits for registers the decoders released: never more than the CTA holds");
-// Named barriers (0 is __syncthreads): buffer b full = 1 + b (decoders -> scorer), buffer b empty = 3 + b (scorer
-// and valuer -> decoders), P of buffer b ready = 5 + b (scorer -> valuer), the scorer's own, the valuer's own, the
-// staged output rows (scorer and valuer).
-constexpr int kBarFull = 1, kBarEmpty = 3, kBarProbs = 5, kBarScorer = 7, kBarValuer = 8, kBarStage = 9;
-constexpr int kFullThreads = 3 * kGroupThreads, kEmptyThreads = 4 * kGroupThreads, kProbsThreads = 2 * kGroupThreads;
+// Named barriers (0 is __syncthreads): buffer b full = 1 + b (decoders -> scorer), P of buffer b ready = 5 + b
+// (scorer -> valuer), the scorer's own, the valuer's own, the staged output rows (scorer and valuer). Buffer b
+// empty (scorer and valuer -> decoders) is an mbarrier (empty_bar), which measured slightly faster than a named
+// barrier (docs/perf.md) and needs no closing sync of the last phases.
+constexpr int kBarFull = 1, kBarProbs = 5, kBarScorer = 7, kBarValuer = 8, kBarStage = 9;
+constexpr int kFullThreads = 3 * kGroupThreads, kProbsThreads = 2 * kGroupThreads;
 constexpr int kPtrStages = 5;  // ring of published tiles' entry addresses
 constexpr int kPublishLead = 4;  // tiles published ahead of the one the valuer works on
 static_assert(kPublishLead <= kPtrStages, "a published stage is never waited for past the partition's end");
@@ -71,10 +72,12 @@ constexpr int kCursorOffset = kValidOffset + 2 * 8;  // ring of the index copies
 constexpr int kCursorSlots = 8, kCursorBytes = 128;
 constexpr int kWalkAhead = kIndexLead + kPtrStages;
 static_assert(kCursorSlots >= kWalkAhead - kIndexLead, "a cursor is read before the walker rewrites its slot");
-// Address stage s: full barrier at kMbarOffset + 8 s, free barrier at kMbarOffset + 8 (kPtrStages + s).
+// Address stage s: full barrier at kMbarOffset + 8 s, free barrier at kMbarOffset + 8 (kPtrStages + s); then the
+// two K/V buffers' empty barriers.
 constexpr int kMetaOffset = kCursorOffset + kCursorSlots * kCursorBytes;  // this CTA's partition (8 words)
 constexpr int kMbarOffset = kMetaOffset + int(kDecodeSchedWords) * 4;
-constexpr int kSmemBytes = kMbarOffset + 2 * kPtrStages * 8 + kSwizzleAtomBytes;  // + alignment slack
+constexpr int kEmptyMbarOffset = kMbarOffset + 2 * kPtrStages * 8;
+constexpr int kSmemBytes = kEmptyMbarOffset + 2 * 8 + kSwizzleAtomBytes;  // + alignment slack
 static_assert(kProbsOffset % 16 == 0 && kPtrOffset % 16 == 0 && kValidOffset % 8 == 0 && kMbarOffset % 8 == 0,
               "aligned handover, addresses and barriers");
 static_assert(kSmemBytes <= 227 * 1024, "fits the opt-in shared memory of one CTA");
@@ -386,6 +389,11 @@ DSV4_SM90_DEVICE uint32_t ptr_full_bar(uint8_t* smem, int stage) {
 DSV4_SM90_DEVICE uint32_t ptr_free_bar(uint8_t* smem, int stage) {
   return shared_address(smem + kMbarOffset + 8 * (kPtrStages + stage));
 }
+// K/V buffer b's empty barrier: the scorer's and valuer's 256 threads arrive once their wgmma reads of a tile in it
+// are done; phase n completes with tile 2 n + b.
+DSV4_SM90_DEVICE uint32_t empty_bar(uint8_t* smem, int buffer) {
+  return shared_address(smem + kEmptyMbarOffset + 8 * buffer);
+}
 DSV4_SM90_DEVICE EntrySource* ptr_stage(uint8_t* smem, int stage) {
   return reinterpret_cast<EntrySource*>(smem + kPtrOffset + stage * kTile * int(sizeof(EntrySource)));
 }
@@ -524,7 +532,7 @@ DSV4_SM90_DEVICE void decode_role(const SparseMlaDecodeParams& p, const int32_t*
     if constexpr (!kBf16Rows) load_entry(src, part, codes);
     if (d == 1 && t == 0) walk_cursor(p, meta, smem, g);
     mbarrier_arrive(ptr_free_bar(smem, stage));
-    if (g >= 2) named_sync(kBarEmpty + buffer, kEmptyThreads);  // the first two tiles' buffers start empty
+    if (g >= 2) mbarrier_wait(empty_bar(smem, buffer), uint32_t(g / 2 - 1) & 1u);  // the first two start empty
     if constexpr (kBf16Rows) {
       copy_row(src.data, e, part, tile);
     } else {
@@ -543,9 +551,6 @@ DSV4_SM90_DEVICE void decode_role(const SparseMlaDecodeParams& p, const int32_t*
     fence_async_shared();
     named_arrive(kBarFull + buffer, kFullThreads);
   }
-  // The scorer and valuer are done with the last tile of each buffer.
-  for (int buffer = 0; buffer < 2; ++buffer)
-    if (total > buffer) named_sync(kBarEmpty + buffer, kEmptyThreads);
 }
 
 // The valuer's publishing side: publish(x) writes tile x's entry addresses into address stage x % kPtrStages (once
@@ -797,7 +802,7 @@ DSV4_SM90_DEVICE void score_role(const SparseMlaDecodeParams& p, const int32_t* 
       slot.sums[t] = make_float2(st.sum[0], st.sum[1]);
       named_arrive(kBarProbs + tile, kProbsThreads);
       wgmma_wait_all();
-      named_arrive(kBarEmpty + tile, kEmptyThreads);
+      mbarrier_arrive(empty_bar(smem, tile));
     }
     finish_piece(p, piece, stages_rows(p, piece, last), s, head0, row_group, 0, lane, st, max_logits, smem);
   }
@@ -842,7 +847,7 @@ DSV4_SM90_DEVICE void value_role(const SparseMlaDecodeParams& p, const int32_t* 
       slab_values(kv_base + tile * kTileBytes, probs, 1, st);
       wgmma_commit();
       wgmma_wait_all();
-      named_arrive(kBarEmpty + tile, kEmptyThreads);
+      mbarrier_arrive(empty_bar(smem, tile));
     }
     // The piece is reloaded: no piece fields held across the tiles.
     finish_piece(p, piece_of(p, meta, r), staged, s, head0, row_group, 1, lane, st, nullptr, smem);
@@ -875,6 +880,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
     mbarrier_init(ptr_full_bar(smem, threadIdx.x), kGroupThreads);
     mbarrier_init(ptr_free_bar(smem, threadIdx.x), 2 * kGroupThreads);
   }
+  if (threadIdx.x < 2) mbarrier_init(empty_bar(smem, threadIdx.x), 2 * kGroupThreads);
   __syncthreads();
   const int role = threadIdx.x / kGroupThreads;
   if (role >= kDecoder) {
