@@ -34,7 +34,7 @@ test: $(VENV)/.built peer
 	$(PY) -m pytest -q -ra tests
 
 lint: $(VENV)/.deps
-	$(VENV)/bin/ruff check python tests
+	$(VENV)/bin/ruff check python tests tools
 
 # Compile-only checks of the GPU kernels (no GPU needed): CUDA sm_80 / sm_90a, and the hipified portable tier.
 cuda-compile-check: $(VENV)/.deps
