@@ -15,8 +15,8 @@ def parse(lines: list[str]) -> dict[tuple[str, str], list[float]]:
     for line in lines:
         if m := re.match(r"=== (\S+) round \d+$", line.strip()):
             tree = m.group(1)
-        elif m := re.match(r"B=(\d+) H=(\d+) (\d+)\+(\d+)", line):
-            case = f"B={m.group(1)} H={m.group(2)} {m.group(3)}+{m.group(4)}"
+        elif m := re.match(r"B=\d+ H=\d+ \d+\+\d+", line):
+            case = m.group(0)
         elif (m := re.match(r"\s+sm90\s+([\d.]+) us", line)) and tree and case:
             times[(case, tree)].append(float(m.group(1)))
     return times
