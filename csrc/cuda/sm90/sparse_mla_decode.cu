@@ -77,7 +77,8 @@ static_assert(kCursorSlots >= kWalkAhead - kIndexLead, "a cursor is read before 
 constexpr int kMetaOffset = kCursorOffset + kCursorSlots * kCursorBytes;  // this CTA's partition (8 words)
 constexpr int kMbarOffset = kMetaOffset + int(kDecodeSchedWords) * 4;
 constexpr int kEmptyMbarOffset = kMbarOffset + 2 * kPtrStages * 8;
-constexpr int kSmemBytes = kEmptyMbarOffset + 2 * 8 + kSwizzleAtomBytes;  // + alignment slack
+constexpr int kSinkOffset = kEmptyMbarOffset + 2 * 8;  // the CTA's 64 heads' sink logits (see copy_sinks)
+constexpr int kSmemBytes = kSinkOffset + kHeadsPerCta * 4 + kSwizzleAtomBytes;  // + alignment slack
 static_assert(kProbsOffset % 16 == 0 && kPtrOffset % 16 == 0 && kValidOffset % 8 == 0 && kMbarOffset % 8 == 0,
               "aligned handover, addresses and barriers");
 static_assert(kSmemBytes <= 227 * 1024, "fits the opt-in shared memory of one CTA");
@@ -496,8 +497,9 @@ DSV4_SM90_DEVICE void store_entry(const EntryCodes& c, bool ok, int e, int part,
 
 // The cursors of the index copies: slot k % kCursorSlots holds the cursor at tile k. The valuer's start writes
 // those of tiles kIndexLead .. kWalkAhead - 1; the walker (thread 0 of decoder 1, which has registers to spare)
-// writes the one of tile g + kWalkAhead while it works on tile g, before it frees tile g's address stage, so that
-// publish(x) (which waits for that stage's release for x >= kPtrStages) finds the cursor of tile x + kIndexLead.
+// writes the one of tile g + kWalkAhead once it has handed tile g over (the walk stays off the fill's chain) and
+// then frees tile g's address stage, so that publish(x) (which waits for that stage's release for x >= kPtrStages)
+// finds the cursor of tile x + kIndexLead.
 DSV4_SM90_DEVICE TileCursor* cursor_slot(uint8_t* smem, int64_t k) {
   return reinterpret_cast<TileCursor*>(smem + kCursorOffset) + k % kCursorSlots;
 }
@@ -530,8 +532,8 @@ DSV4_SM90_DEVICE void decode_role(const SparseMlaDecodeParams& p, const int32_t*
     const EntrySource src = ptr_stage(smem, stage)[e];
     EntryCodes codes;
     if constexpr (!kBf16Rows) load_entry(src, part, codes);
-    if (d == 1 && t == 0) walk_cursor(p, meta, smem, g);
-    mbarrier_arrive(ptr_free_bar(smem, stage));
+    const bool walker = d == 1 && t == 0;
+    if (!walker) mbarrier_arrive(ptr_free_bar(smem, stage));
     if (g >= 2) mbarrier_wait(empty_bar(smem, buffer), uint32_t(g / 2 - 1) & 1u);  // the first two start empty
     if constexpr (kBf16Rows) {
       copy_row(src.data, e, part, tile);
@@ -550,6 +552,10 @@ DSV4_SM90_DEVICE void decode_role(const SparseMlaDecodeParams& p, const int32_t*
     cp_async_wait_all();
     fence_async_shared();
     named_arrive(kBarFull + buffer, kFullThreads);
+    if (walker) {
+      walk_cursor(p, meta, smem, g);
+      mbarrier_arrive(ptr_free_bar(smem, stage));
+    }
   }
 }
 
@@ -617,13 +623,22 @@ struct Publisher {
   }
 };
 
+// The scorer copies the CTA's sink logits into shared memory (cp.async, waited for with the first q) when it starts,
+// so that no piece's finish waits on a cold load; the valuer's first read is past a P handover or the staging
+// barrier, or its rows have no weight (sum 0) and do not use it.
+DSV4_SM90_DEVICE void copy_sinks(const SparseMlaDecodeParams& p, int64_t head0, int t, uint8_t* smem) {
+  if (p.attn_sink != nullptr && t < kHeadsPerCta && head0 + t < p.h_q)
+    cp_async_4(shared_address(smem + kSinkOffset + 4 * t), p.attn_sink + head0 + t);
+}
+
 // Finalises this thread's rows with the portable tier's row finishers (one definition of the lse, sink and
 // no-valid-entry conventions): a single piece writes out (into `stage` rows instead where given, see finish_piece)
 // and lse (and max_logits, the largest scaled score, where given), a split piece its fp32 partial and lse.
 DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& piece, int64_t s, int64_t head0,
                                   int row_group, int half, int lane, RowState& st, float* max_logits,
-                                  uint8_t* stage = nullptr) {
+                                  const uint8_t* smem, uint8_t* stage = nullptr) {
   const PieceTarget& target = piece.target;
+  const float* sink_logits = reinterpret_cast<const float*>(smem + kSinkOffset);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float sum = st.sum[r];
@@ -632,8 +647,9 @@ DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& p
     const int64_t head = head0 + 16 * row_group + (lane >> 2) + 8 * r;
     if (head >= p.h_q) continue;
     const float max = st.max[r] * kLn2;  // the running max is kept in the log2 domain
-    const mla::RowFinish f =
-        target.single ? mla::finish_output_row(max, sum, p.attn_sink, head) : mla::finish_partial_row(max, sum);
+    const float sink = sink_logits[16 * row_group + (lane >> 2) + 8 * r];  // used only with a sink and a weight
+    const mla::RowFinish f = target.single ? mla::finish_output_row(max, sum, p.attn_sink != nullptr, sink)
+                                           : mla::finish_partial_row(max, sum);
     const int64_t dim0 = int64_t(kHalfDim) * half + 2 * (lane & 3);
     const bool writes_lse = half == 0 && (lane & 3) == 0;
     if (target.single) {
@@ -732,7 +748,7 @@ DSV4_SM90_DEVICE void finish_piece(const SparseMlaDecodeParams& p, const Piece& 
                                    uint8_t* smem) {
   uint8_t* stage = staged ? smem + kQOffset : nullptr;
   if (staged) named_sync(kBarStage, 2 * kGroupThreads);
-  finish_rows(p, piece, s, head0, row_group, half, lane, st, max_logits, stage);
+  finish_rows(p, piece, s, head0, row_group, half, lane, st, max_logits, smem, stage);
   if (!staged) return;
   fence_async_shared();  // the rows' stores, before the bulk copies read them
   named_sync(kBarStage, 2 * kGroupThreads);
@@ -756,6 +772,7 @@ DSV4_SM90_DEVICE void score_role(const SparseMlaDecodeParams& p, const int32_t* 
   const float scale_log2 = p.sm_scale * kLog2e;
   const int64_t first = meta[0] < 0 ? 0 : meta[0], last = meta[1] < p.b ? meta[1] : p.b - 1;
   int64_t g = 0, q_request = first;  // q_request: the request whose q is in (or on its way to) the tile
+  copy_sinks(p, head0, t, smem);
   if (first <= last) start_q(p, first, s, head0, q_aligned, q_tile);
   for (int64_t r = first; r <= last; ++r) {
     const Piece piece = piece_of(p, meta, r);
@@ -934,6 +951,17 @@ SparseMlaDecodeParams prefill_as_decode(const SparseMlaPrefillParams& p, int64_t
   return d;
 }
 
+// The run as the kernel sees it. A whole-request plan with no more requests than partitions puts each request
+// whole into one CTA, so it becomes a plan-less run of one CTA per request: no CTA then reads the plan or the split
+// counts, two dependent cold loads ahead of its first index copy (the outputs are the same: a request's tiles and
+// their order do not depend on which CTA attends it).
+SparseMlaDecodeParams kernel_params(const SparseMlaDecodeParams& p) {
+  if (p.b > p.sched.num_parts || !decode_plan_keeps_requests_whole(p)) return p;
+  SparseMlaDecodeParams k = p;
+  k.sched.sched_meta = nullptr, k.sched.num_splits = nullptr, k.sched.num_parts = p.b;
+  return k;
+}
+
 template <bool kBf16Rows>
 cudaError_t launch_attention(const SparseMlaDecodeParams& p, float* max_logits, cudaStream_t stream) {
   const cudaError_t attr = cudaFuncSetAttribute(sparse_mla_decode_sm90_kernel<kBf16Rows>,
@@ -960,7 +988,7 @@ cudaError_t launch_sparse_mla_decode_sm90(const SparseMlaDecodeParams& p, cudaSt
     const cudaError_t planned = launch_decode_schedule(p, stream);
     if (planned != cudaSuccess) return planned;
   }
-  const cudaError_t launched = launch_attention<false>(p, nullptr, stream);
+  const cudaError_t launched = launch_attention<false>(kernel_params(p), nullptr, stream);
   if (launched != cudaSuccess) return launched;
   return launch_decode_combine(p, stream, true);
 }
