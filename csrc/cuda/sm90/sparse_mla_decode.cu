@@ -430,6 +430,20 @@ DSV4_SM90_DEVICE void load_entry(const EntrySource& src, int part, EntryCodes& c
   c.scales = __ldg(reinterpret_cast<const uint2*>(src.scales));
 }
 
+// Starts pulling this thread's share of entry e of tile x (its codes, RoPE values and scale bytes) into L2 when the
+// tile's addresses are already published (a test, never a wait): issued while the tile before it loads, so that
+// the decoders' own loads of tile x find L2 rather than HBM (their latency is the fill's, once per tile).
+DSV4_SM90_DEVICE void prefetch_next_entry(uint8_t* smem, int64_t x, int e, int part) {
+  constexpr int kLineBytes = 128;  // the entry's four threads take 128-byte steps from its start, one more the tail
+  const int stage = int(x % kPtrStages);
+  if (!mbarrier_ready(ptr_full_bar(smem, stage), uint32_t(x / kPtrStages) & 1u)) return;
+  const EntrySource src = ptr_stage(smem, stage)[e];
+  if (src.data == nullptr) return;
+  prefetch_l2(src.data + part * kLineBytes);
+  if (part == 0) prefetch_l2(src.data + kDecodeThreadsPerEntry * kLineBytes);
+  if (part == 1) prefetch_l2(src.scales);
+}
+
 // Copies this thread's RoPE chunks (2 part, 2 part + 1) of entry e into the tile by cp.async (zero for an entry
 // that is not attended).
 DSV4_SM90_DEVICE void copy_rope(const uint8_t* data, int e, int part, uint8_t* tile) {
@@ -532,6 +546,7 @@ DSV4_SM90_DEVICE void decode_role(const SparseMlaDecodeParams& p, const int32_t*
     const EntrySource src = ptr_stage(smem, stage)[e];
     EntryCodes codes;
     if constexpr (!kBf16Rows) load_entry(src, part, codes);
+    if (!kBf16Rows && g + 1 < total) prefetch_next_entry(smem, g + 1, e, part);
     const bool walker = d == 1 && t == 0;
     if (!walker) mbarrier_arrive(ptr_free_bar(smem, stage));
     if (g >= 2) mbarrier_wait(empty_bar(smem, buffer), uint32_t(g / 2 - 1) & 1u);  // the first two start empty

@@ -44,6 +44,21 @@ DSV4_SM90_DEVICE void cp_async_mbarrier_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 // Waits until the phase of parity `parity` has completed.
+// Whether the phase with this parity has completed (a test: never waits).
+DSV4_SM90_DEVICE bool mbarrier_ready(uint32_t bar, uint32_t parity) {
+  uint32_t ready;
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "mbarrier.test_wait.parity.shared::cta.b64 done, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, done;\n}\n"
+      : "=r"(ready)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return ready != 0;
+}
+DSV4_SM90_DEVICE void prefetch_l2(const void* address) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(address));
+}
 DSV4_SM90_DEVICE void mbarrier_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
       "{\n.reg .pred done;\nwait_%=:\n"
