@@ -104,7 +104,7 @@ DSV4_SM90_DEVICE void prefetch_keys(const PagedCache& cache, const KeyLookup& l,
     if (!present(cache, l.block[i]) || lane_c > 1) continue;
     const uint8_t* page = cache.base + l.block[i] * cache.block_stride;
     const uint8_t* line = lane_c == 0 ? page + l.entry[i] * kDim : page + cache.block_size * kDim + 4 * l.entry[i];
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(line));
+    prefetch_l2(line);
   }
 }
 
