@@ -43,8 +43,7 @@ DSV4_SM90_DEVICE void mbarrier_arrive(uint32_t bar) {
 DSV4_SM90_DEVICE void cp_async_mbarrier_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
-// Waits until the phase of parity `parity` has completed.
-// Whether the phase with this parity has completed (a test: never waits).
+// Whether the phase of parity `parity` has completed (a test: never waits).
 DSV4_SM90_DEVICE bool mbarrier_ready(uint32_t bar, uint32_t parity) {
   uint32_t ready;
   asm volatile(
@@ -56,9 +55,11 @@ DSV4_SM90_DEVICE bool mbarrier_ready(uint32_t bar, uint32_t parity) {
       : "memory");
   return ready != 0;
 }
+// Pulls the line holding `address` into L2 (a hint: nothing waits for it).
 DSV4_SM90_DEVICE void prefetch_l2(const void* address) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(address));
 }
+// Waits until the phase of parity `parity` has completed.
 DSV4_SM90_DEVICE void mbarrier_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
       "{\n.reg .pred done;\nwait_%=:\n"
