@@ -477,6 +477,20 @@ DSV4_SM90_DEVICE void copy_row(const uint8_t* data, int e, int part, uint8_t* ti
   }
 }
 
+// store_entry's rare route (an e4m3 NaN code, a large scale or an invalid entry), out of line: inlined, its code
+// sat inside the decoders' tile loop and the instruction fetch paid for it every tile. The codes come by value, in
+// registers (by reference they went to the stack on the common route too).
+__noinline__ __device__ void store_entry_exact(const EntryCodes c, bool ok, int e, int part, uint8_t* tile) {
+  for (int k = 0; k < kDecodeItems; ++k) {
+    const int item = part + kDecodeThreadsPerEntry * k;
+    const uint32_t scale = ((k < 4 ? c.scales.x : c.scales.y) >> (8 * (k % 4))) & 0xffu;
+    uint4 first = make_uint4(0, 0, 0, 0), second = first;
+    if (ok) decode_nope_16(c.nope[k], uint8_t(scale), first, second);
+    *reinterpret_cast<uint4*>(tile + tile_offset(e, 2 * item)) = first;
+    *reinterpret_cast<uint4*>(tile + tile_offset(e, 2 * item + 1)) = second;
+  }
+}
+
 // Writes this thread's nope items of entry e as bf16 (part + 4 k, scale byte k). Invalid entries become zero rows
 // (0 * NaN would poison P V); the common case (every item on the direct route) runs straight through.
 DSV4_SM90_DEVICE void store_entry(const EntryCodes& c, bool ok, int e, int part, uint8_t* tile) {
@@ -499,13 +513,7 @@ DSV4_SM90_DEVICE void store_entry(const EntryCodes& c, bool ok, int e, int part,
       *reinterpret_cast<uint4*>(tile + tile_offset(e, 2 * item + 1)) = second;
     }
   } else {
-    for (int k = 0; k < kDecodeItems; ++k) {
-      const int item = part + kDecodeThreadsPerEntry * k;
-      uint4 first = make_uint4(0, 0, 0, 0), second = first;
-      if (ok) decode_nope_16(c.nope[k], uint8_t(scales[k]), first, second);
-      *reinterpret_cast<uint4*>(tile + tile_offset(e, 2 * item)) = first;
-      *reinterpret_cast<uint4*>(tile + tile_offset(e, 2 * item + 1)) = second;
-    }
+    store_entry_exact(c, ok, e, part, tile);
   }
 }
 
@@ -649,9 +657,11 @@ DSV4_SM90_DEVICE void copy_sinks(const SparseMlaDecodeParams& p, int64_t head0, 
 // Finalises this thread's rows with the portable tier's row finishers (one definition of the lse, sink and
 // no-valid-entry conventions): a single piece writes out (into `stage` rows instead where given, see finish_piece)
 // and lse (and max_logits, the largest scaled score, where given), a split piece its fp32 partial and lse.
+// kSingle: piece.target.single (each kind of row straight through: the code is cold at the CTA's end).
+template <bool kSingle>
 DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& piece, int64_t s, int64_t head0,
                                   int row_group, int half, int lane, RowState& st, float* max_logits,
-                                  const uint8_t* smem, uint8_t* stage = nullptr) {
+                                  const uint8_t* smem, uint8_t* stage) {
   const PieceTarget& target = piece.target;
   const float* sink_logits = reinterpret_cast<const float*>(smem + kSinkOffset);
 #pragma unroll
@@ -663,11 +673,11 @@ DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& p
     if (head >= p.h_q) continue;
     const float max = st.max[r] * kLn2;  // the running max is kept in the log2 domain
     const float sink = sink_logits[16 * row_group + (lane >> 2) + 8 * r];  // used only with a sink and a weight
-    const mla::RowFinish f = target.single ? mla::finish_output_row(max, sum, p.attn_sink != nullptr, sink)
-                                           : mla::finish_partial_row(max, sum);
+    const mla::RowFinish f = kSingle ? mla::finish_output_row(max, sum, p.attn_sink != nullptr, sink)
+                                     : mla::finish_partial_row(max, sum);
     const int64_t dim0 = int64_t(kHalfDim) * half + 2 * (lane & 3);
     const bool writes_lse = half == 0 && (lane & 3) == 0;
-    if (target.single) {
+    if constexpr (kSingle) {
       uint16_t* out = stage != nullptr
                           ? reinterpret_cast<uint16_t*>(stage + (head - head0) * kStageRowBytes) + dim0
                           : p.out + ((piece.r * p.s_q + s) * p.h_q + head) * kDim + dim0;
@@ -708,14 +718,21 @@ DSV4_SM90_DEVICE void start_q(const SparseMlaDecodeParams& p, int64_t b, int64_t
                               uint8_t* tile) {
   constexpr int kPerThread = kHeadsPerCta * kChunksPerRow / kGroupThreads;
   const uint16_t* q = p.q + b * p.q_stride_b + s * p.q_stride_s;
+  if (q_aligned) {  // uniform: the common case as a short loop of copies (the code is cold at the CTA's start)
 #pragma unroll 4
-  for (int k = 0; k < kPerThread; ++k) {
-    const int u = threadIdx.x + k * kGroupThreads, row = u / kChunksPerRow, chunk = u % kChunksPerRow;
-    uint8_t* dst = tile + tile_offset(row, chunk);
-    if (q_aligned && head0 + row < p.h_q) {
-      cp_async_16(shared_address(dst), q + (head0 + row) * p.q_stride_h + chunk * kChunkElems);
-    } else {
-      *reinterpret_cast<uint4*>(dst) = load_q_chunk(p, q, head0 + row, chunk, q_aligned);
+    for (int k = 0; k < kPerThread; ++k) {
+      const int u = threadIdx.x + k * kGroupThreads, row = u / kChunksPerRow, chunk = u % kChunksPerRow;
+      uint8_t* dst = tile + tile_offset(row, chunk);
+      if (head0 + row < p.h_q) {
+        cp_async_16(shared_address(dst), q + (head0 + row) * p.q_stride_h + chunk * kChunkElems);
+      } else {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+      }
+    }
+  } else {
+    for (int k = 0; k < kPerThread; ++k) {
+      const int u = threadIdx.x + k * kGroupThreads, row = u / kChunksPerRow, chunk = u % kChunksPerRow;
+      *reinterpret_cast<uint4*>(tile + tile_offset(row, chunk)) = load_q_chunk(p, q, head0 + row, chunk, false);
     }
   }
   cp_async_commit();
@@ -763,7 +780,11 @@ DSV4_SM90_DEVICE void finish_piece(const SparseMlaDecodeParams& p, const Piece& 
                                    uint8_t* smem) {
   uint8_t* stage = staged ? smem + kQOffset : nullptr;
   if (staged) named_sync(kBarStage, 2 * kGroupThreads);
-  finish_rows(p, piece, s, head0, row_group, half, lane, st, max_logits, smem, stage);
+  if (piece.target.single) {
+    finish_rows<true>(p, piece, s, head0, row_group, half, lane, st, max_logits, smem, stage);
+  } else {
+    finish_rows<false>(p, piece, s, head0, row_group, half, lane, st, max_logits, smem, stage);
+  }
   if (!staged) return;
   fence_async_shared();  // the rows' stores, before the bulk copies read them
   named_sync(kBarStage, 2 * kGroupThreads);
@@ -890,7 +911,8 @@ DSV4_SM90_DEVICE void value_role(const SparseMlaDecodeParams& p, const int32_t* 
 // Word w of partition z of a plan-less run (no sched_meta): requests [z b / parts, (z + 1) b / parts), each whole
 // (begin block 0, end block past any request's last).
 DSV4_SM90_DEVICE int32_t whole_requests_word(const SparseMlaDecodeParams& p, int64_t z, int w) {
-  const int64_t begin = z * p.b / p.sched.num_parts, end = (z + 1) * p.b / p.sched.num_parts;
+  const int64_t parts = p.sched.num_parts;  // one request per CTA (see kernel_params): no 64-bit division
+  const int64_t begin = parts == p.b ? z : z * p.b / parts, end = parts == p.b ? z + 1 : (z + 1) * p.b / parts;
   return w == 0 ? int32_t(begin) : w == 1 ? int32_t(end - 1) : w == 3 ? INT32_MAX : 0;
 }
 
