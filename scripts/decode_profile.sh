@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Nsight Compute profile of one cold launch of the Hopper sparse decode on the torch-free harness
+# (tools/decode_bench.cu): warp-state sampling per SASS instruction, with the report, its SASS export, the details
+# page and a stall summary by code region (tools/ncu_stalls.py) under $OUT (default build/decode_profile).
+#   scripts/decode_profile.sh [batch heads compressed window]   (default: V4-Flash B=128, 128 + 512)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-build/decode_profile}
+mkdir -p "$OUT"
+DECODE_BENCH_BUILD_ONLY=1 bash scripts/decode_bench.sh
+# shellcheck disable=SC2206
+shape=(${*:-128 64 512 128})
+# The harness launches each tier reps times after a cold flush; the second sm90 launch is profiled.
+ncu --clock-control none --cache-control all --kernel-name regex:sparse_mla_decode_sm90 --launch-skip 1 \
+  --launch-count 1 --set full --import-source no -f -o "$OUT/decode" \
+  build/decode_bench/decode_bench "${shape[@]}" 3 > "$OUT/ncu.txt" 2>&1
+ncu --import "$OUT/decode.ncu-rep" --page source --csv --print-source sass > "$OUT/sass.csv"
+ncu --import "$OUT/decode.ncu-rep" --page details > "$OUT/details.txt"
+python3 tools/ncu_stalls.py "$OUT/sass.csv" | tee "$OUT/stalls.txt"
