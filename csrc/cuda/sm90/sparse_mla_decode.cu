@@ -406,6 +406,8 @@ DSV4_SM90_DEVICE uint8_t* flag_slot(uint8_t* smem, int slot) { return smem + kIn
 struct EntryCodes {
   uint4 nope[kDecodeItems];
   uint2 scales;
+
+  DSV4_SM90_DEVICE uint32_t scale_byte(int k) const { return ((k < 4 ? scales.x : scales.y) >> (8 * (k % 4))) & 0xffu; }
 };
 
 // An entry's 16 codes; the L2 fetches the 256 bytes around them (the entry's other codes, its RoPE values).
@@ -483,9 +485,8 @@ DSV4_SM90_DEVICE void copy_row(const uint8_t* data, int e, int part, uint8_t* ti
 __noinline__ __device__ void store_entry_exact(const EntryCodes c, bool ok, int e, int part, uint8_t* tile) {
   for (int k = 0; k < kDecodeItems; ++k) {
     const int item = part + kDecodeThreadsPerEntry * k;
-    const uint32_t scale = ((k < 4 ? c.scales.x : c.scales.y) >> (8 * (k % 4))) & 0xffu;
     uint4 first = make_uint4(0, 0, 0, 0), second = first;
-    if (ok) decode_nope_16(c.nope[k], uint8_t(scale), first, second);
+    if (ok) decode_nope_16(c.nope[k], uint8_t(c.scale_byte(k)), first, second);
     *reinterpret_cast<uint4*>(tile + tile_offset(e, 2 * item)) = first;
     *reinterpret_cast<uint4*>(tile + tile_offset(e, 2 * item + 1)) = second;
   }
@@ -496,7 +497,7 @@ __noinline__ __device__ void store_entry_exact(const EntryCodes c, bool ok, int 
 DSV4_SM90_DEVICE void store_entry(const EntryCodes& c, bool ok, int e, int part, uint8_t* tile) {
   uint32_t scales[kDecodeItems];
 #pragma unroll
-  for (int k = 0; k < kDecodeItems; ++k) scales[k] = ((k < 4 ? c.scales.x : c.scales.y) >> (8 * (k % 4))) & 0xffu;
+  for (int k = 0; k < kDecodeItems; ++k) scales[k] = c.scale_byte(k);
   bool direct = ok;
 #pragma unroll
   for (int k = 0; k < kDecodeItems; ++k) direct = direct && decodes_directly(c.nope[k], scales[k]);
