@@ -180,9 +180,9 @@ DSV4_SM90_DEVICE void wgmma_f16_rs(float (&d)[kCols / 8][4], const uint32_t (&a)
   }
 }
 
-// d[token row][column] = <key, q column> over the 128 dims of a tile.
-template <int kCols>
-DSV4_SM90_DEVICE void score_tile(const KeyTile& k, uint32_t q_base, float (&d)[kCols / 8][4]) {
+// d[token row][column] = <key, q column> over the 128 dims of a tile; `under` runs while the wgmma are in flight.
+template <int kCols, typename Under>
+DSV4_SM90_DEVICE void score_tile(const KeyTile& k, uint32_t q_base, float (&d)[kCols / 8][4], const Under& under) {
   const uint32_t w0[8] = {k.first[0].x, k.first[0].y, k.first[0].z, k.first[0].w,
                           k.second[0].x, k.second[0].y, k.second[0].z, k.second[0].w};
   const uint32_t w1[8] = {k.first[1].x, k.first[1].y, k.first[1].z, k.first[1].w,
@@ -200,6 +200,7 @@ DSV4_SM90_DEVICE void score_tile(const KeyTile& k, uint32_t q_base, float (&d)[k
     wgmma_f16_rs<kCols>(d, a[s], swizzled_descriptor(address, 16, kSwizzleAtomBytes), s > 0);
   }
   wgmma_commit();
+  under();
   wgmma_wait_all();
 #pragma unroll
   for (int t = 0; t < kCols / 8; ++t)
@@ -215,7 +216,7 @@ struct ScoreSmem {
   alignas(16) float scales[kStages][kTileKeys];
   alignas(8) uint64_t full[kStages];
   int tile_valid[kStages];
-  int64_t blocks[kMaxTilesPerCta];
+  int64_t codes_at[kMaxTilesPerCta], scales_at[kMaxTilesPerCta];  // bytes from the cache base; -1: no page
   float weights[kCols];
   int64_t rows[kRows], lengths[kRows];
   float* outs[kRows];
@@ -247,12 +248,48 @@ DSV4_SM90_DEVICE ColumnWeights<kCols> column_weights(const Smem& s, int lane_c) 
   return cw;
 }
 
-template <int kHeadsPad, int kCols, typename Smem>
-DSV4_SM90_DEVICE void finish_tile(const Smem& s, const ColumnWeights<kCols>& cw, const KeyTile& cur, uint32_t q_base,
-                                  int64_t t0, int64_t c1, bool clean, int row0, int lane_c) {
+// Where a group's rows go: RowOuts holds them in registers for a chunk (lengths clipped to the chunk's end, so
+// positions fit 32 bits); SharedRows reads them from shared memory per tile (the register path is short of registers).
+template <int kRows>
+struct RowOuts {
+  float* outs[kRows];
+  int lengths[kRows];
+  DSV4_SM90_DEVICE float* out(int j) const { return outs[j]; }
+  DSV4_SM90_DEVICE int length(int j) const { return lengths[j]; }
+};
+
+template <int kRows, typename Smem>
+DSV4_SM90_DEVICE RowOuts<kRows> row_outs(const Smem& s, int64_t c1) {
+  RowOuts<kRows> r;
+#pragma unroll
+  for (int j = 0; j < kRows; ++j) r.outs[j] = s.outs[j], r.lengths[j] = int(std::min(s.lengths[j], c1));
+  return r;
+}
+
+template <typename Smem>
+struct SharedRows {
+  const Smem& s;
+  DSV4_SM90_DEVICE float* out(int j) const { return s.outs[j]; }
+  DSV4_SM90_DEVICE int64_t length(int j) const { return s.lengths[j]; }
+};
+
+// Up to two rows in registers; more would cost the 16-head kernels a CTA per SM.
+template <int kRows, typename Smem>
+DSV4_SM90_DEVICE auto chunk_rows(const Smem& s, int64_t c1) {
+  if constexpr (kRows <= 2) {
+    return row_outs<kRows>(s, c1);
+  } else {
+    return SharedRows<Smem>{s};
+  }
+}
+
+// Positions are of t0's type: 32 bits for RowOuts, 64 for SharedRows.
+template <int kHeadsPad, int kCols, typename Rows, typename Position, typename Under>
+DSV4_SM90_DEVICE void finish_tile(const Rows& rows, const ColumnWeights<kCols>& cw, const KeyTile& cur, uint32_t q_base,
+                                  Position t0, Position c1, bool clean, int row0, int lane_c, const Under& under) {
   constexpr int kRows = kCols / kHeadsPad;
   float d[kCols / 8][4];
-  score_tile<kCols>(cur, q_base, d);
+  score_tile<kCols>(cur, q_base, d, under);
   float totals[kRows][2];
 #pragma unroll
   for (int j = 0; j < kRows; ++j)
@@ -272,12 +309,13 @@ DSV4_SM90_DEVICE void finish_tile(const Smem& s, const ColumnWeights<kCols>& cw,
   for (int j = 0; j < kRows; ++j)
 #pragma unroll
     for (int tok = 0; tok < 2; ++tok) {
-      const int64_t pos = t0 + row0 + 8 * tok;
-      if (((2 * j + tok) & 3) != lane_c || s.outs[j] == nullptr) continue;  // a quad's lanes share the writes
-      if (pos < s.lengths[j]) {
-        s.outs[j][pos] = cur.present[tok] ? totals[j][tok] * cur.scale[tok] : -INFINITY;
+      const Position pos = t0 + row0 + 8 * tok;
+      float* out = rows.out(j);
+      if (((2 * j + tok) & 3) != lane_c || out == nullptr) continue;  // a quad's lanes share the writes
+      if (pos < rows.length(j)) {
+        out[pos] = cur.present[tok] ? totals[j][tok] * cur.scale[tok] : -INFINITY;
       } else if (clean && pos < c1) {
-        s.outs[j][pos] = -INFINITY;
+        out[pos] = -INFINITY;
       }
     }
 }
@@ -307,7 +345,7 @@ DSV4_SM90_DEVICE void score_chunk_registers(const Params& p, const Smem& s, int6
     const KeyTile next = load_keys<kVector>(p.cache, ahead1, lane_c);
     ahead1 = ahead2, ahead2 = ahead3;
     if (t0 < longest) {  // uniform
-      finish_tile<kHeadsPad, kCols>(s, cw, cur, q_base, t0, c1, clean, row0, lane_c);
+      finish_tile<kHeadsPad, kCols>(SharedRows<Smem>{s}, cw, cur, q_base, t0, c1, clean, row0, lane_c, [] {});
     } else {
       clean_tile<kCols / kHeadsPad>(s, t0, c1);
     }
@@ -316,36 +354,42 @@ DSV4_SM90_DEVICE void score_chunk_registers(const Params& p, const Smem& s, int6
 }
 
 // Bulk path (pages of a multiple of 64 entries, 16-byte aligned): a tile is 8 KB of codes and 256 bytes of scales
-// inside one page, copied by two bulk copies kStages tiles ahead into a ring; `consumed` counts the CTA's tiles
-// (ring slot and barrier phase).
+// inside one page, copied by two bulk copies into a ring; `consumed` counts the CTA's tiles (ring slot and barrier
+// phase). The slot tile k - 1 freed is refilled while tile k's wgmma run, so the copies' issue is off the chain.
 template <int kHeadsPad, int kCols, typename Params, typename Smem>
 DSV4_SM90_DEVICE void score_chunk_bulk(const Params& p, Smem& s, int64_t request, int64_t c0, int64_t c1,
                                        int64_t longest, bool clean, int row0, int lane_c, uint32_t& consumed) {
   const int64_t key_end = std::min(longest, c1), tiles = (c1 - c0 + kTileKeys - 1) / kTileKeys;
   const int64_t bs = p.cache.block_size;
-  for (int64_t k = threadIdx.x; k < tiles; k += kThreads) {  // every tile's page, in one round of loads
-    const int64_t t0 = c0 + k * kTileKeys, page = t0 / bs;
+  for (int64_t k = threadIdx.x; k < tiles; k += kThreads) {  // every tile's bytes, in one round of loads
+    const int64_t t0 = c0 + k * kTileKeys, page = t0 / bs, entry = t0 - page * bs;
     const int64_t block = request >= 0 && t0 < key_end && page < p.max_blocks ? index_at(p.block_table, request, page)
                                                                                 : -1;
-    s.blocks[k] = present(p.cache, block) ? block : -1;
+    const bool here = present(p.cache, block);
+    s.codes_at[k] = here ? block * p.cache.block_stride + entry * kDim : -1;
+    s.scales_at[k] = here ? block * p.cache.block_stride + bs * kDim + 4 * entry : -1;
   }
   __syncthreads();
   const auto issue = [&](int64_t k) {  // thread 0
     const uint32_t slot = (consumed + k) % kStages, bar = shared_address(&s.full[slot]);
-    const int64_t block = s.blocks[k], entry = (c0 + k * kTileKeys) % bs;
-    s.tile_valid[slot] = block >= 0;
-    if (block < 0) return mbarrier_arrive(bar);
-    const uint8_t* page = p.cache.base + block * p.cache.block_stride;
+    const int64_t codes_at = s.codes_at[k];
+    s.tile_valid[slot] = codes_at >= 0;
+    if (codes_at < 0) return mbarrier_arrive(bar);
     mbarrier_arrive_expect_tx(bar, sizeof(s.keys[0]) + sizeof(s.scales[0]));
-    bulk_copy_to_shared(shared_address(s.keys[slot]), page + entry * kDim, sizeof(s.keys[0]), bar);
-    bulk_copy_to_shared(shared_address(s.scales[slot]), page + bs * kDim + 4 * entry, sizeof(s.scales[0]), bar);
+    bulk_copy_to_shared(shared_address(s.keys[slot]), p.cache.base + codes_at, sizeof(s.keys[0]), bar);
+    bulk_copy_to_shared(shared_address(s.scales[slot]), p.cache.base + s.scales_at[k], sizeof(s.scales[0]), bar);
   };
   if (threadIdx.x == 0)
     for (int64_t k = 0; k < std::min<int64_t>(kStages, tiles); ++k) issue(k);
   const uint32_t q_base = shared_address(s.q_tile);
   const ColumnWeights<kCols> cw = column_weights<kCols>(s, lane_c);
+  const auto rows = chunk_rows<kCols / kHeadsPad>(s, c1);
+  using Position = decltype(rows.length(0));
   for (int64_t k = 0; k < tiles; ++k) {
     const uint32_t slot = (consumed + k) % kStages;
+    const auto refill = [&] {  // the slot of tile k - 1, read by every thread before the last barrier
+      if (threadIdx.x == 0 && k > 0 && k - 1 + kStages < tiles) issue(k - 1 + kStages);
+    };
     mbarrier_wait(shared_address(&s.full[slot]), ((consumed + k) / kStages) & 1);
     const int64_t t0 = c0 + k * kTileKeys;
     if (t0 < longest) {  // uniform
@@ -359,12 +403,12 @@ DSV4_SM90_DEVICE void score_chunk_bulk(const Params& p, Smem& s, int64_t request
         cur.scale[i] = s.scales[slot][r];
         cur.present[i] = s.tile_valid[slot] != 0 && t0 + r < key_end;
       }
-      finish_tile<kHeadsPad, kCols>(s, cw, cur, q_base, t0, c1, clean, row0, lane_c);
+      finish_tile<kHeadsPad, kCols>(rows, cw, cur, q_base, Position(t0), Position(c1), clean, row0, lane_c, refill);
     } else {
+      refill();
       clean_tile<kCols / kHeadsPad>(s, t0, c1);
     }
-    __syncthreads();  // the slot is read by every thread: refill it
-    if (threadIdx.x == 0 && k + kStages < tiles) issue(k + kStages);
+    __syncthreads();  // the slot is read by every thread: free for the next tile's refill
   }
   consumed += uint32_t(tiles);
 }
