@@ -20,7 +20,7 @@ constexpr int kSteps = kDim / 16;  // k16 steps over a key
 constexpr int kHalfBytes = kDim / 2;  // offset of a quad lane's second 16 bytes of a key
 constexpr int kStages = 4;  // bulk path: key tiles in flight per CTA
 constexpr int kMaxCols = 128;  // (query row, head) columns of one wgmma
-constexpr int64_t kMinTilesPerCta = kStages + 2;  // a CTA's ring turns over at least once
+constexpr int64_t kMinTilesPerCta = 2;  // the second tile's copy lands under the first one's scoring
 constexpr int64_t kMaxTilesPerCta = 64;
 constexpr int64_t kMaxGridY = 65535;
 
