@@ -96,6 +96,27 @@ def test_paged_logits_whole_tile_pages(isa, block_size, heads, next_n):
         assert_logits_match(got, want, torch.ones_like(valid) if clean else valid)
 
 
+def test_paged_logits_long_chunks(isa):
+    """64 rows of ~4K keys: the Hopper tier's CTAs then take chunks of nine tiles, so its bulk path refills every
+    ring slot at least twice (a slot is refilled while the next tile is scored); rows end at different tiles, and the
+    pages come from a small shared pool (with a hole) to keep the cache cheap to build. Both cleaning modes."""
+    batch, block_size, heads = 64, 64, 64
+    lens = [4096 - 37 * i for i in range(batch)]
+    max_len = max(lens) + 3
+    pages_per_req = (max_len + block_size - 1) // block_size
+    pool = 97
+    cache = indexer_cache(pool, block_size, pad_bytes=0)
+    table = torch.randint(0, pool, (batch, pages_per_req), dtype=torch.int32)
+    table[5, 3] = -1
+    ctx = torch.tensor(lens, dtype=torch.int32)
+    args = (random_fp8(batch, 1, heads, HEAD_DIM), cache, torch.randn(batch, heads), ctx, table, block_size, max_len)
+    want = indexer.fp8_paged_mqa_logits(*args)
+    valid = row_valid_mask(ctx, 1, max_len)
+    for clean in (True, False):
+        got = ops.fp8_paged_mqa_logits(*args, clean_logits=clean)
+        assert_logits_match(got, want, torch.ones_like(valid) if clean else valid)
+
+
 def test_paged_logits_long_context(isa):
     args = paged_case(1, 1, 64, 64, [16384], lens_2d=False)
     got = ops.fp8_paged_mqa_logits(*args, clean_logits=True)
