@@ -97,9 +97,10 @@ def test_paged_logits_whole_tile_pages(isa, block_size, heads, next_n):
 
 
 def test_paged_logits_long_chunks(isa):
-    """64 rows of ~4K keys: the Hopper tier's CTAs then take chunks of nine tiles, so its bulk path refills every
-    ring slot at least twice (a slot is refilled while the next tile is scored); rows end at different tiles, and the
-    pages come from a small shared pool (with a hole) to keep the cache cheap to build. Both cleaning modes."""
+    """64 rows of ~4K keys: on an H200 the Hopper tier's CTAs then take chunks of nine tiles, so its bulk path
+    refills its four ring slots (a slot is refilled while the next tile is scored) and turns the barrier phases;
+    rows end at different tiles, and the pages come from a small shared pool (with a hole) to keep the cache cheap
+    to build. Both cleaning modes."""
     batch, block_size, heads = 64, 64, 64
     lens = [4096 - 37 * i for i in range(batch)]
     max_len = max(lens) + 3

@@ -76,7 +76,7 @@ DSV4_SM90_DEVICE uint4 load_16(const uint8_t* p) {
 }
 
 // Where the token rows row0 and row0 + 8 of tile t0 live: block -1 when at or past key_end, on a missing page or
-// of an invalid request. Positions fit 32 bits (covered() bounds the width).
+// of an invalid request. Positions fit 32 bits (the launchers keep widths within INT32_MAX).
 struct KeyLookup {
   int64_t block[2];
   uint32_t entry[2];
@@ -222,8 +222,6 @@ struct ScoreSmem {
   float* outs[kRows];
 };
 
-// Scores tile t0 from the keys in `cur` and writes the rows' logits (-inf for missing keys; when cleaning, -inf
-// past a row's length).
 // The weights of a thread's columns (8 n8 + 2 lane_c, + 1) for the group: in registers for 64 columns, read from
 // shared memory per tile for 128 (their registers would cost the 128-column kernels occupancy).
 template <int kCols>
@@ -248,8 +246,8 @@ DSV4_SM90_DEVICE ColumnWeights<kCols> column_weights(const Smem& s, int lane_c) 
   return cw;
 }
 
-// Where a group's rows go: RowOuts holds them in registers for a chunk (lengths clipped to the chunk's end, so
-// positions fit 32 bits); SharedRows reads them from shared memory per tile (the register path is short of registers).
+// Where a group's rows go: RowOuts holds them in registers for a chunk, with 32-bit positions (widths are within
+// INT32_MAX); SharedRows reads them from shared memory per tile (the register path is short of registers).
 template <int kRows>
 struct RowOuts {
   float* outs[kRows];
@@ -283,7 +281,8 @@ DSV4_SM90_DEVICE auto chunk_rows(const Smem& s, int64_t c1) {
   }
 }
 
-// Positions are of t0's type: 32 bits for RowOuts, 64 for SharedRows.
+// Scores tile t0 from the keys in `cur` and writes the rows' logits (-inf for missing keys; when cleaning, -inf
+// past a row's length). Positions are of t0's type: 32 bits for RowOuts, 64 for SharedRows.
 template <int kHeadsPad, int kCols, typename Rows, typename Position, typename Under>
 DSV4_SM90_DEVICE void finish_tile(const Rows& rows, const ColumnWeights<kCols>& cw, const KeyTile& cur, uint32_t q_base,
                                   Position t0, Position c1, bool clean, int row0, int lane_c, const Under& under) {
