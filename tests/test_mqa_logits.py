@@ -41,12 +41,17 @@ def assert_logits_match(got: torch.Tensor, want: torch.Tensor, valid: torch.Tens
         assert (g[finite] - w[finite]).abs().max() <= RELATIVE_TOL * scale + 1e-6
 
 
-def paged_case(batch, next_n, heads, block_size, lens, lens_2d, pad_bytes=0, index_dtype=torch.int32, holes=False):
+def paged_case(batch, next_n, heads, block_size, lens, lens_2d, pad_bytes=0, index_dtype=torch.int32, holes=False,
+               pool=None):
+    """pool: every page drawn from that many blocks (shared across rows, cheap to build) instead of its own."""
     max_len = int(max(lens)) + 3
     pages_per_req = (max_len + block_size - 1) // block_size
-    num_blocks = batch * pages_per_req + 1
+    num_blocks = pool or batch * pages_per_req + 1
     cache = indexer_cache(num_blocks, block_size, pad_bytes)
-    table = (torch.randperm(num_blocks)[: batch * pages_per_req].view(batch, pages_per_req)).to(index_dtype)
+    if pool:
+        table = torch.randint(0, pool, (batch, pages_per_req)).to(index_dtype)
+    else:
+        table = (torch.randperm(num_blocks)[: batch * pages_per_req].view(batch, pages_per_req)).to(index_dtype)
     if holes:  # missing pages: -1 and past the cache
         table[0, 0] = -1
         table[-1, -1] = num_blocks + 5
@@ -61,6 +66,16 @@ def paged_case(batch, next_n, heads, block_size, lens, lens_2d, pad_bytes=0, ind
 def row_valid_mask(ctx: torch.Tensor, next_n: int, max_len: int) -> torch.Tensor:
     lens = ctx.long() if ctx.dim() == 2 else ctx.long()[:, None] - next_n + 1 + torch.arange(next_n)
     return torch.arange(max_len)[None, :] < lens.reshape(-1, 1).clamp(0, max_len)
+
+
+def assert_both_cleaning_modes(args) -> None:
+    """The kernel against the reference on a paged_case, with and without cleaning (all of it, or the valid part)."""
+    next_n = args[0].shape[1]
+    valid = row_valid_mask(args[3], next_n, args[6])
+    want = indexer.fp8_paged_mqa_logits(*args)
+    for clean in (True, False):
+        got = ops.fp8_paged_mqa_logits(*args, clean_logits=clean)
+        assert_logits_match(got, want, torch.ones_like(valid) if clean else valid)
 
 
 @pytest.mark.parametrize("heads", [1, 16, 64, 128])
@@ -88,34 +103,16 @@ def test_paged_logits_whole_tile_pages(isa, block_size, heads, next_n):
     """Pages of whole 64-entry tiles on 16-byte boundaries (the Hopper tier copies those in bulk), long enough rows
     for several tiles per CTA, holes, both cleaning modes."""
     lens = [1, 64, 700, 3000]
-    args = paged_case(len(lens), next_n, heads, block_size, lens, lens_2d=False, holes=True)
-    valid = row_valid_mask(args[3], next_n, args[6])
-    want = indexer.fp8_paged_mqa_logits(*args)
-    for clean in (True, False):
-        got = ops.fp8_paged_mqa_logits(*args, clean_logits=clean)
-        assert_logits_match(got, want, torch.ones_like(valid) if clean else valid)
+    assert_both_cleaning_modes(paged_case(len(lens), next_n, heads, block_size, lens, lens_2d=False, holes=True))
 
 
 def test_paged_logits_long_chunks(isa):
     """64 rows of ~4K keys: on an H200 the Hopper tier's CTAs then take chunks of nine tiles, so its bulk path
     refills its four ring slots (a slot is refilled while the next tile is scored) and turns the barrier phases;
-    rows end at different tiles, and the pages come from a small shared pool (with a hole) to keep the cache cheap
+    rows end at different tiles, and the pages come from a small shared pool (with holes) to keep the cache cheap
     to build. Both cleaning modes."""
-    batch, block_size, heads = 64, 64, 64
-    lens = [4096 - 37 * i for i in range(batch)]
-    max_len = max(lens) + 3
-    pages_per_req = (max_len + block_size - 1) // block_size
-    pool = 97
-    cache = indexer_cache(pool, block_size, pad_bytes=0)
-    table = torch.randint(0, pool, (batch, pages_per_req), dtype=torch.int32)
-    table[5, 3] = -1
-    ctx = torch.tensor(lens, dtype=torch.int32)
-    args = (random_fp8(batch, 1, heads, HEAD_DIM), cache, torch.randn(batch, heads), ctx, table, block_size, max_len)
-    want = indexer.fp8_paged_mqa_logits(*args)
-    valid = row_valid_mask(ctx, 1, max_len)
-    for clean in (True, False):
-        got = ops.fp8_paged_mqa_logits(*args, clean_logits=clean)
-        assert_logits_match(got, want, torch.ones_like(valid) if clean else valid)
+    lens = [4096 - 37 * i for i in range(64)]
+    assert_both_cleaning_modes(paged_case(len(lens), 1, 64, 64, lens, lens_2d=False, holes=True, pool=97))
 
 
 def test_paged_logits_long_context(isa):
