@@ -276,6 +276,18 @@ def test_batch_of_whole_requests(isa):
                                           topk_length=True, extra_topk_length=True)))
 
 
+@pytest.mark.parametrize("case", [
+    # Two head groups (two CTAs per query on the GPU tiers) with several tiles per request: pages only 8-byte
+    # aligned, ragged lengths, a second group of 36 heads, and more requests than a plan has partitions.
+    DecodeCase(b=24, s_q=2, h_q=128, topk=300, page=61, extra_topk=64, extra_page=2, topk_length=True),
+    DecodeCase(b=40, s_q=1, h_q=100, topk=300, page=64, extra_topk=128, extra_page=16, extra_topk_length=True),
+    DecodeCase(b=140, s_q=1, h_q=128, topk=128, page=64, extra_topk=64, extra_page=16, topk_length=True,
+               extra_topk_length=True),
+], ids=str)
+def test_two_head_groups(isa, case):
+    check_decode(decode_inputs(case))
+
+
 def test_same_inputs_same_bits(isa):
     args = decode_inputs(DecodeCase(b=2, s_q=2, h_q=64, topk=300, page=61, extra_topk=64, extra_page=2))
     first = ops.sparse_mla_decode(**args)

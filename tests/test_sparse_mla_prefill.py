@@ -102,6 +102,11 @@ def test_split_entries_across_threads(isa, restore_threads, threads):
     check_prefill(prefill_inputs(PrefillCase(s_q=1, h_q=64, s_kv=3000, topk=1000, topk_length=True)))
 
 
+def test_more_tokens_than_workers(isa):
+    # Several tokens per GPU CTA (and per CPU thread), some with no entry (zero lengths) between attended ones.
+    check_prefill(prefill_inputs(PrefillCase(s_q=300, h_q=64, s_kv=400, topk=192, topk_length=True)))
+
+
 def test_same_inputs_same_bits(isa):
     args = prefill_inputs(PrefillCase(s_q=5, h_q=64, s_kv=500, topk=300))
     first, second = ops.sparse_mla_prefill(**args), ops.sparse_mla_prefill(**args)
