@@ -43,11 +43,21 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def peer_path() -> Path:
+    """Where the peer library is looked for."""
+    return Path(os.environ.get(PEER_ENV) or DEFAULT_PEER)
+
+
+def missing_cpu_flags() -> list[str]:
+    """The CPU features vLLM's DSv4 kernels need that this CPU lacks (empty: it can run them)."""
+    return [flag for flag in REQUIRED_CPU_FLAGS if flag not in _cpu_flags()]
+
+
 def _load() -> tuple[object | None, str]:
-    path = Path(os.environ.get(PEER_ENV) or DEFAULT_PEER)
+    path = peer_path()
     if not path.is_file():
         return None, f"{path} not found (run scripts/fetch_vllm_peer.sh or set ${PEER_ENV})"
-    missing_flags = [flag for flag in REQUIRED_CPU_FLAGS if flag not in _cpu_flags()]
+    missing_flags = missing_cpu_flags()
     if missing_flags:
         return None, f"this CPU lacks {', '.join(missing_flags)}, which vLLM's DSv4 CPU kernels need"
     try:
