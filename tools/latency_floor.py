@@ -11,13 +11,13 @@ these numbers bound how fast any kernel of that structure can answer.
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 import triton
 import triton.language as tl
 
-FLUSH_BYTES = 256 << 20  # as the bench (dsv4.bench.gpu)
+from dsv4.bench.gpu import L2_FLUSH_BYTES, replay_us
+
 BUFFER_INTS = 1 << 27  # 512 MB per link of the chain: every load a TLB and L2 miss
 SPIN_CYCLES = 200_000
 
@@ -41,47 +41,23 @@ def empty(out):
     tl.store(out, 1)
 
 
-def replay_time(fn, flush: torch.Tensor | None, replays: int) -> float:
-    """Median microseconds of a replay of fn's graph, after a flush (cold) or after a spin kernel (warm: the GPU is
-    busy when the replay is submitted either way, so the host's launch time is not counted)."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()  # compile and load
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(replays):
-        if flush is not None:
-            flush.zero_()
-        else:
-            torch.cuda._sleep(SPIN_CYCLES)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replays", type=int, default=40)
     args = parser.parse_args()
     links = [torch.randint(0, BUFFER_INTS, (BUFFER_INTS,), device="cuda", dtype=torch.int32) for _ in range(5)]
     out = torch.zeros(1, device="cuda", dtype=torch.int32)
-    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     cases = {"empty kernel": lambda: empty[(1,)](out),
              "two empty kernels": lambda: (empty[(1,)](out), empty[(1,)](out))}
     for steps in range(1, 6):
         cases[f"{steps} dependent loads"] = lambda steps=steps: chase[(1,)](*links, out, STEPS=steps)
     cases["2 loads, then a kernel of 2 loads"] = lambda: (chase[(1,)](*links, out, STEPS=2),
                                                           chase[(1,)](*links[2:], *links[:2], out, STEPS=2))
-    print(f"gpu={torch.cuda.get_device_name()}  flush={FLUSH_BYTES >> 20} MB  replays={args.replays}  (us)")
-    for name, fn in cases.items():
-        cold, warm = replay_time(fn, flush, args.replays), replay_time(fn, None, args.replays)
+    print(f"gpu={torch.cuda.get_device_name()}  flush={L2_FLUSH_BYTES >> 20} MB  replays={args.replays}  (us)")
+    for name, fn in cases.items():  # warm: behind a spin kernel, so that the host's submission is not timed
+        cold = replay_us(fn, args.replays, flush.zero_)
+        warm = replay_us(fn, args.replays, lambda: torch.cuda._sleep(SPIN_CYCLES))
         print(f"{name:36s} cold {cold:7.2f}   warm {warm:7.2f}")
 
 

@@ -56,26 +56,32 @@ class GpuResult:
         return self.roofline_us / self.us
 
 
-def time_cold(case: GpuCase, replays: int) -> float:
-    """Median microseconds of a graph replay of case.run after an L2 flush."""
-    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+def replay_us(run: Callable[[], object], replays: int, before: Callable[[], object]) -> float:
+    """Median microseconds of a CUDA-graph replay of run, each after `before` (queued GPU work, so that the host's
+    submission of the replay is not timed)."""
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        case.run()  # warm-up: module load, plans, allocator pools
+        run()  # warm-up: module load, plans, allocator pools
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        case.run()
+        run()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(replays):
-        flush.zero_()
+        before()
         start.record()
         graph.replay()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3)
     return statistics.median(times)
+
+
+def time_cold(case: GpuCase, replays: int) -> float:
+    """Median microseconds of a graph replay of case.run after an L2 flush."""
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    return replay_us(case.run, replays, flush.zero_)
 
 
 def flashmla_view(pages: torch.Tensor) -> torch.Tensor:
