@@ -137,6 +137,15 @@ def test_strided_inputs(isa):
     check_decode(args)
 
 
+def test_q_rows_off_16_byte_alignment(isa):
+    """q rows starting 2 bytes past a 16-byte boundary (no tensor copies of q on the Hopper tier: element loads)."""
+    args = decode_inputs(DecodeCase(b=3, s_q=2, h_q=70, topk=64, page=16, extra_topk=32, extra_page=8))
+    wide_q = torch.randn(3, 2, 70, MODEL1_HEAD_DIM + 1).bfloat16()
+    wide_q[..., 1:] = args["q"]
+    args["q"] = wide_q[..., 1:]
+    check_decode(args)
+
+
 def test_rising_scores_raise_the_running_max(isa):
     """Scores climbing by far more than the lazy-max slack from one 128-row chunk to the next (head 0), and
     falling (head 1)."""

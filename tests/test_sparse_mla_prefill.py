@@ -56,6 +56,15 @@ def test_rows_with_nothing_valid(isa, d_qk):
     assert (max_logits[:3] == -math.inf).all() and (lse[:3] == math.inf).all()
 
 
+def test_q_rows_off_16_byte_alignment(isa):
+    """q rows starting 2 bytes past a 16-byte boundary (no tensor copies of q on the Hopper tier: element loads)."""
+    args = prefill_inputs(PrefillCase(s_q=5, h_q=70, s_kv=300, topk=192, topk_length=True))
+    wide_q = torch.randn(5, 70, MODEL1_HEAD_DIM + 1).bfloat16()
+    wide_q[..., 1:] = args["q"]
+    args["q"] = wide_q[..., 1:]
+    check_prefill(args)
+
+
 def test_nan_in_q_gives_nan_rows(isa):
     """A NaN in one head's q makes that (token, head)'s out, max_logits and lse NaN, as in the reference; every
     other row keeps its bits."""

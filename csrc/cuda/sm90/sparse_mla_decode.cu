@@ -6,9 +6,14 @@
 // ring, so no thread waits on an index load); two decoders (warpgroups 2 and 3, half of every tile each) load a
 // tile's codes straight into registers before its buffer (two K/V tiles alternate) is free and then write it as
 // bf16. Full tiles and P are handed over with named barriers, empty buffers and the address ring with mbarriers.
+// Each request's q tile arrives by tensor copies (TMA) that one scorer thread issues under the previous request's
+// last tile.
 // The MODEL1-shaped bf16 sparse prefill runs on the same kernel: each query token is a request whose entries are
 // bf16 rows (the decoders copy them whole), with no split plan (persistent CTAs over consecutive tokens).
 #include <cmath>
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include "common/decode_schedule.h"
 #include "cuda/launchers.h"
@@ -27,9 +32,14 @@ constexpr int kDecodeHalfEntries = kGroupThreads / kDecodeThreadsPerEntry;
 static_assert(2 * kDecodeHalfEntries == kTile, "two decoders cover a tile");
 constexpr int kPublishThreadsPerEntry = kGroupThreads / kTile;
 constexpr int kScorer = 0, kDecoder = 2;  // warpgroup 0 scores, 1 values and publishes, 2 and 3 decode
-constexpr int kScorerRegs = 192, kValuerRegs = 176, kDecoderRegs = 72;  // setmaxnreg: 192 + 176 + 2 x 72 = 4 x 128
-static_assert(kScorerRegs + kValuerRegs + 2 * kDecoderRegs <= 4 * 128,
-              "setmaxnreg.inc waits for registers the decoders released: never more than the CTA holds");
+// setmaxnreg per role. Decoding fp8 entries takes 72 registers; copying bf16 rows (the prefill) 64, and the valuer
+// takes the difference for its rows' 16-byte stores (store_row_wide).
+template <bool kBf16Rows>
+struct RoleRegs {
+  static constexpr int kScorer = 192, kValuer = kBf16Rows ? 192 : 176, kDecoder = kBf16Rows ? 64 : 72;
+  static_assert(kScorer + kValuer + 2 * kDecoder <= 4 * 128,
+                "setmaxnreg.inc waits for registers the decoders released: never more than the CTA holds");
+};
 // Named barriers (0 is __syncthreads): buffer b full = 1 + b (decoders -> scorer), P of buffer b ready = 5 + b
 // (scorer -> valuer), the scorer's own, the valuer's own, the staged output rows (scorer and valuer). Buffer b
 // empty (scorer and valuer -> decoders) is an mbarrier (empty_bar), which measured slightly faster than a named
@@ -73,11 +83,12 @@ constexpr int kCursorSlots = 8, kCursorBytes = 128;
 constexpr int kWalkAhead = kIndexLead + kPtrStages;
 static_assert(kCursorSlots >= kWalkAhead - kIndexLead, "a cursor is read before the walker rewrites its slot");
 // Address stage s: full barrier at kMbarOffset + 8 s, free barrier at kMbarOffset + 8 (kPtrStages + s); then the
-// two K/V buffers' empty barriers.
+// two K/V buffers' empty barriers and the q tile's tensor copies' barrier.
 constexpr int kMetaOffset = kCursorOffset + kCursorSlots * kCursorBytes;  // this CTA's partition (8 words)
 constexpr int kMbarOffset = kMetaOffset + int(kDecodeSchedWords) * 4;
 constexpr int kEmptyMbarOffset = kMbarOffset + 2 * kPtrStages * 8;
-constexpr int kSinkOffset = kEmptyMbarOffset + 2 * 8;  // the CTA's 64 heads' sink logits (see copy_sinks)
+constexpr int kQMbarOffset = kEmptyMbarOffset + 2 * 8;
+constexpr int kSinkOffset = kQMbarOffset + 8;  // the CTA's 64 heads' sink logits (see copy_sinks)
 constexpr int kSmemBytes = kSinkOffset + kHeadsPerCta * 4 + kSwizzleAtomBytes;  // + alignment slack
 static_assert(kProbsOffset % 16 == 0 && kPtrOffset % 16 == 0 && kValidOffset % 8 == 0 && kMbarOffset % 8 == 0,
               "aligned handover, addresses and barriers");
@@ -653,17 +664,51 @@ struct Publisher {
 DSV4_SM90_DEVICE void copy_sinks(const SparseMlaDecodeParams& p, int64_t head0, int t, uint8_t* smem) {
   if (p.attn_sink != nullptr && t < kHeadsPerCta && head0 + t < p.h_q)
     cp_async_4(shared_address(smem + kSinkOffset + 4 * t), p.attn_sink + head0 + t);
+  cp_async_commit();
+}
+
+// y[i] = x[i ^ q] for the lane's quad position q (selects: no local memory).
+DSV4_SM90_DEVICE void quad_permute(const uint32_t (&x)[4], int q, uint32_t (&y)[4]) {
+  const bool odd = q & 1, high = q & 2;
+  const uint32_t a0 = odd ? x[1] : x[0], a1 = odd ? x[0] : x[1], a2 = odd ? x[3] : x[2], a3 = odd ? x[2] : x[3];
+  y[0] = high ? a2 : a0, y[1] = high ? a3 : a1, y[2] = high ? a0 : a2, y[3] = high ? a1 : a3;
+}
+
+// Lane q of a quad holds word j = columns 8 j + 2 q, +1 of four n8 tiles; returns the four words of tile q (its 16
+// contiguous bytes): a 4 x 4 transpose over the quad in three exchanges, each lane sending the word its partner needs.
+DSV4_SM90_DEVICE uint4 quad_transpose(const uint32_t (&w)[4], int q) {
+  uint32_t u[4], r[4], v[4];
+  quad_permute(w, q, u);  // u[i]: the word lane q ^ i needs
+  r[0] = u[0];
+#pragma unroll
+  for (int i = 1; i < 4; ++i) r[i] = __shfl_xor_sync(0xffffffffu, u[i], i);  // lane q ^ i's word q
+  quad_permute(r, q, v);
+  return make_uint4(v[0], v[1], v[2], v[3]);
+}
+
+// Row r of this thread's O fragments, scaled, into `row` (this warpgroup's 256 dims) as 16-byte stores of whole
+// sectors: each lane of a quad writes one n8 tile of every four (4-byte stores of the fragments write half sectors,
+// with four times the store instructions).
+DSV4_SM90_DEVICE void store_row_wide(const RowState& st, int r, float scale, int q, uint16_t* row) {
+#pragma unroll
+  for (int g = 0; g < kValueTiles / 4; ++g) {
+    uint32_t w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) w[j] = pack_bf16x2(st.o[4 * g + j][2 * r] * scale, st.o[4 * g + j][2 * r + 1] * scale);
+    *reinterpret_cast<uint4*>(row + 8 * (4 * g + q)) = quad_transpose(w, q);
+  }
 }
 
 // Finalises this thread's rows with the portable tier's row finishers (one definition of the lse, sink and
 // no-valid-entry conventions): a single piece writes out (into `stage` rows instead where given, see finish_piece)
 // and lse (and max_logits, the largest scaled score, where given), a split piece its fp32 partial and lse.
 // kSingle: piece.target.single (each kind of row straight through: the code is cold at the CTA's end).
-template <bool kSingle>
+template <bool kSingle, bool kWide>
 DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& piece, int64_t s, int64_t head0,
                                   int row_group, int half, int lane, RowState& st, float* max_logits,
                                   const uint8_t* smem, uint8_t* stage) {
   const PieceTarget& target = piece.target;
+  const bool wide = reinterpret_cast<uintptr_t>(p.out) % 16 == 0;  // uniform: rows in whole 16-byte runs
   const float* sink_logits = reinterpret_cast<const float*>(smem + kSinkOffset);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -679,13 +724,17 @@ DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& p
     const int64_t dim0 = int64_t(kHalfDim) * half + 2 * (lane & 3);
     const bool writes_lse = half == 0 && (lane & 3) == 0;
     if constexpr (kSingle) {
-      uint16_t* out = stage != nullptr
-                          ? reinterpret_cast<uint16_t*>(stage + (head - head0) * kStageRowBytes) + dim0
-                          : p.out + ((piece.r * p.s_q + s) * p.h_q + head) * kDim + dim0;
+      uint16_t* out_row = p.out + ((piece.r * p.s_q + s) * p.h_q + head) * kDim + int64_t(kHalfDim) * half;
+      if (kWide && stage == nullptr && wide) {
+        store_row_wide(st, r, f.out_scale, lane & 3, out_row);
+      } else {
+        uint16_t* out = stage != nullptr ? reinterpret_cast<uint16_t*>(stage + (head - head0) * kStageRowBytes) + dim0
+                                         : out_row + 2 * (lane & 3);
 #pragma unroll
-      for (int t = 0; t < kValueTiles; ++t)
-        *reinterpret_cast<uint32_t*>(out + 8 * t) =
-            pack_bf16x2(st.o[t][2 * r] * f.out_scale, st.o[t][2 * r + 1] * f.out_scale);
+        for (int t = 0; t < kValueTiles; ++t)
+          *reinterpret_cast<uint32_t*>(out + 8 * t) =
+              pack_bf16x2(st.o[t][2 * r] * f.out_scale, st.o[t][2 * r + 1] * f.out_scale);
+      }
       const int64_t lse_at = (piece.r * p.h_q + head) * p.s_q + s;
       if (writes_lse) p.lse[lse_at] = f.lse;
       if (writes_lse && max_logits != nullptr) max_logits[lse_at] = f.max_logit;
@@ -701,49 +750,58 @@ DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& p
   }
 }
 
-// One 16-byte chunk of q row `head` (zero past h_q; element loads where q rows are not 16-byte aligned).
-DSV4_SM90_DEVICE uint4 load_q_chunk(const SparseMlaDecodeParams& p, const uint16_t* q, int64_t head, int chunk,
-                                   bool q_aligned) {
+// One 16-byte chunk of q row `head` by element loads (q rows not 16-byte aligned; zero past h_q).
+DSV4_SM90_DEVICE uint4 load_q_chunk(const SparseMlaDecodeParams& p, const uint16_t* q, int64_t head, int chunk) {
   if (head >= p.h_q) return make_uint4(0, 0, 0, 0);
   const uint16_t* src = q + head * p.q_stride_h + chunk * kChunkElems;
-  if (q_aligned) return __ldg(reinterpret_cast<const uint4*>(src));
   uint16_t x[kChunkElems];
   for (int i = 0; i < kChunkElems; ++i) x[i] = __ldg(src + i);
   return make_uint4(x[0] | uint32_t(x[1]) << 16, x[2] | uint32_t(x[3]) << 16, x[4] | uint32_t(x[5]) << 16,
                     x[6] | uint32_t(x[7]) << 16);
 }
 
-// Starts copying the q rows of heads [head0, head0 + 64) of query (b, s) into the tile (cp.async where q rows are
-// 16-byte aligned, plain loads otherwise; heads past h_q are zero); wait_q finishes it.
-DSV4_SM90_DEVICE void start_q(const SparseMlaDecodeParams& p, int64_t b, int64_t s, int64_t head0, bool q_aligned,
-                              uint8_t* tile) {
-  constexpr int kPerThread = kHeadsPerCta * kChunksPerRow / kGroupThreads;
-  const uint16_t* q = p.q + b * p.q_stride_b + s * p.q_stride_s;
-  if (q_aligned) {  // uniform: the common case as a short loop of copies (the code is cold at the CTA's start)
-#pragma unroll 4
-    for (int k = 0; k < kPerThread; ++k) {
-      const int u = threadIdx.x + k * kGroupThreads, row = u / kChunksPerRow, chunk = u % kChunksPerRow;
-      uint8_t* dst = tile + tile_offset(row, chunk);
-      if (head0 + row < p.h_q) {
-        cp_async_16(shared_address(dst), q + (head0 + row) * p.q_stride_h + chunk * kChunkElems);
-      } else {
-        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+// How the scorer fills the q tile: eight tensor copies of q_map's 128-byte-swizzled slabs (64 dims of 64 heads, the
+// heads past h_q filled with zeros), issued by one thread and completing on the q barrier, or element loads where q
+// has no tensor map. `issued` and `waited` count the tensor loads.
+struct QLoader {
+  const CUtensorMap* map;
+  uint32_t bar;
+  bool tensor;
+  uint32_t issued, waited;
+
+  // Starts loading the q rows of heads [head0, head0 + 64) of query (b, s) into the tile; wait finishes it.
+  DSV4_SM90_DEVICE void start(const SparseMlaDecodeParams& p, int64_t b, int64_t s, int64_t head0, uint8_t* tile) {
+    if (tensor) {  // uniform
+      if (threadIdx.x == 0) {
+        mbarrier_arrive_expect_tx(bar, kTileBytes);
+        for (int slab = 0; slab < kDim / kSlabDims; ++slab)
+          tensor_copy_4d(shared_address(tile + slab * kSlabBytes), map, slab * kSlabDims, int(head0), int(s), int(b),
+                         bar);
       }
+      ++issued;
+      return;
     }
-  } else {
+    constexpr int kPerThread = kHeadsPerCta * kChunksPerRow / kGroupThreads;
+    const uint16_t* q = p.q + b * p.q_stride_b + s * p.q_stride_s;
     for (int k = 0; k < kPerThread; ++k) {
       const int u = threadIdx.x + k * kGroupThreads, row = u / kChunksPerRow, chunk = u % kChunksPerRow;
-      *reinterpret_cast<uint4*>(tile + tile_offset(row, chunk)) = load_q_chunk(p, q, head0 + row, chunk, false);
+      *reinterpret_cast<uint4*>(tile + tile_offset(row, chunk)) = load_q_chunk(p, q, head0 + row, chunk);
     }
   }
-  cp_async_commit();
-}
 
-DSV4_SM90_DEVICE void wait_q() {
-  cp_async_wait_all();
-  fence_async_shared();  // the copies and stores, visible to wgmma
-  named_sync(kBarScorer, kGroupThreads);
-}
+  // Waits for the last tensor load, if it is still in flight.
+  DSV4_SM90_DEVICE void land() {
+    if (waited < issued) mbarrier_wait(bar, waited++ & 1u);
+  }
+
+  // The tile and the sink logits (see copy_sinks), visible to every scorer thread and to wgmma.
+  DSV4_SM90_DEVICE void wait() {
+    land();
+    cp_async_wait_all();
+    fence_async_shared();  // the element path's stores
+    named_sync(kBarScorer, kGroupThreads);
+  }
+};
 
 DSV4_SM90_DEVICE void clear_rows(RowState& st) {
 #pragma unroll
@@ -776,15 +834,16 @@ DSV4_SM90_DEVICE bool stages_rows(const SparseMlaDecodeParams& p, const Piece& p
 // Finishes a piece's rows; the CTA's last piece goes through the staging rows: once both roles' P V are done (the
 // rows overlap K/V buffer 0), each writes its half of the rows there, then thread h of the scorer copies row h
 // to the output. One call site of finish_rows per role keeps the row registers in one place.
+template <bool kWide>
 DSV4_SM90_DEVICE void finish_piece(const SparseMlaDecodeParams& p, const Piece& piece, bool staged, int64_t s,
                                    int64_t head0, int row_group, int half, int lane, RowState& st, float* max_logits,
                                    uint8_t* smem) {
   uint8_t* stage = staged ? smem + kQOffset : nullptr;
   if (staged) named_sync(kBarStage, 2 * kGroupThreads);
   if (piece.target.single) {
-    finish_rows<true>(p, piece, s, head0, row_group, half, lane, st, max_logits, smem, stage);
+    finish_rows<true, kWide>(p, piece, s, head0, row_group, half, lane, st, max_logits, smem, stage);
   } else {
-    finish_rows<false>(p, piece, s, head0, row_group, half, lane, st, max_logits, smem, stage);
+    finish_rows<false, kWide>(p, piece, s, head0, row_group, half, lane, st, max_logits, smem, stage);
   }
   if (!staged) return;
   fence_async_shared();  // the rows' stores, before the bulk copies read them
@@ -799,8 +858,8 @@ DSV4_SM90_DEVICE void finish_piece(const SparseMlaDecodeParams& p, const Piece& 
 }
 
 // Scorer warpgroup: per piece loads q; per tile S, the softmax, the P handover and O += P V for dims 0-255.
-DSV4_SM90_DEVICE void score_role(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t s, bool q_aligned,
-                                 float* max_logits, uint8_t* smem) {
+DSV4_SM90_DEVICE void score_role(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t s,
+                                 const CUtensorMap* q_map, float* max_logits, uint8_t* smem) {
   uint8_t* q_tile = smem + kQOffset;
   const uint32_t q_base = shared_address(q_tile), kv_base = shared_address(smem + kKvOffset);
   const uint64_t* valid = reinterpret_cast<const uint64_t*>(smem + kValidOffset);
@@ -809,18 +868,19 @@ DSV4_SM90_DEVICE void score_role(const SparseMlaDecodeParams& p, const int32_t* 
   const float scale_log2 = p.sm_scale * kLog2e;
   const int64_t first = meta[0] < 0 ? 0 : meta[0], last = meta[1] < p.b ? meta[1] : p.b - 1;
   int64_t g = 0, q_request = first;  // q_request: the request whose q is in (or on its way to) the tile
+  QLoader q{q_map, shared_address(smem + kQMbarOffset), q_map != nullptr, 0, 0};
   copy_sinks(p, head0, t, smem);
-  if (first <= last) start_q(p, first, s, head0, q_aligned, q_tile);
+  if (first <= last) q.start(p, first, s, head0, q_tile);
   for (int64_t r = first; r <= last; ++r) {
     const Piece piece = piece_of(p, meta, r);
     if (piece.skip) continue;
     if (q_request != r) {
-      cp_async_wait_all();  // a copy for a passed-over request may still be in flight
+      q.land();  // a load for a passed-over request may still be in flight
       named_sync(kBarScorer, kGroupThreads);  // every scorer warp is done with the previous q
-      start_q(p, r, s, head0, q_aligned, q_tile);
+      q.start(p, r, s, head0, q_tile);
       q_request = r;
     }
-    wait_q();
+    q.wait();
     RowState st;
     clear_rows(st);
     for (int64_t i = 0; i < piece.tiles; ++i, ++g) {
@@ -832,7 +892,7 @@ DSV4_SM90_DEVICE void score_role(const SparseMlaDecodeParams& p, const int32_t* 
       wgmma_wait_all();
       if (i + 1 == piece.tiles && r < last) {  // the next request's q loads under this tile's softmax and P V
         named_sync(kBarScorer, kGroupThreads);
-        start_q(p, r + 1, s, head0, q_aligned, q_tile);
+        q.start(p, r + 1, s, head0, q_tile);
         q_request = r + 1;
       }
       // The softmax, with P V of the first half of the tile's entries issued before the second half's weights are
@@ -858,13 +918,15 @@ DSV4_SM90_DEVICE void score_role(const SparseMlaDecodeParams& p, const int32_t* 
       wgmma_wait_all();
       mbarrier_arrive(empty_bar(smem, tile));
     }
-    finish_piece(p, piece, stages_rows(p, piece, last), s, head0, row_group, 0, lane, st, max_logits, smem);
+    finish_piece<false>(p, piece, stages_rows(p, piece, last), s, head0, row_group, 0, lane, st, max_logits, smem);
   }
-  cp_async_wait_all();  // a q copy for a request whose piece was passed over may still be in flight
+  q.land();  // a load for a request whose piece was passed over may still be in flight
+  cp_async_wait_all();  // the sink logits, where no piece waited for them
 }
 
 // Valuer warpgroup: keeps the published entry addresses kPublishLead tiles ahead; per tile takes P and the rescale
 // factors from the scorer and runs O += P V for dims 256-511.
+template <bool kWide>
 DSV4_SM90_DEVICE void value_role(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t s, uint8_t* smem) {
   const uint32_t kv_base = shared_address(smem + kKvOffset);
   const int t = threadIdx.x % kGroupThreads, row_group = t / 32, lane = t % 32;
@@ -904,7 +966,7 @@ DSV4_SM90_DEVICE void value_role(const SparseMlaDecodeParams& p, const int32_t* 
       mbarrier_arrive(empty_bar(smem, tile));
     }
     // The piece is reloaded: no piece fields held across the tiles.
-    finish_piece(p, piece_of(p, meta, r), staged, s, head0, row_group, 1, lane, st, nullptr, smem);
+    finish_piece<kWide>(p, piece_of(p, meta, r), staged, s, head0, row_group, 1, lane, st, nullptr, smem);
   }
   cp_async_wait_all();  // index copies past the last tile
 }
@@ -922,7 +984,8 @@ DSV4_SM90_DEVICE int32_t whole_requests_word(const SparseMlaDecodeParams& p, int
 // kBf16Rows: the main cache holds bf16 rows (one per page), the sparse prefill's layout.
 template <bool kBf16Rows>
 __global__ void __launch_bounds__(kCtaThreads, 1)
-    sparse_mla_decode_sm90_kernel(const SparseMlaDecodeParams p, bool q_aligned, float* max_logits) {
+    sparse_mla_decode_sm90_kernel(const SparseMlaDecodeParams p, const __grid_constant__ CUtensorMap q_map,
+                                  bool q_tensor, float* max_logits) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((kSwizzleAtomBytes - shared_address(smem_raw) % kSwizzleAtomBytes) % kSwizzleAtomBytes);
   int32_t* meta = reinterpret_cast<int32_t*>(smem + kMetaOffset);
@@ -936,17 +999,22 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
     mbarrier_init(ptr_free_bar(smem, threadIdx.x), 2 * kGroupThreads);
   }
   if (threadIdx.x < 2) mbarrier_init(empty_bar(smem, threadIdx.x), 2 * kGroupThreads);
+  if (threadIdx.x == 0) {
+    mbarrier_init(shared_address(smem + kQMbarOffset), 1);
+    fence_barrier_init();  // visible to the tensor copies
+  }
   __syncthreads();
   const int role = threadIdx.x / kGroupThreads;
+  using Regs = RoleRegs<kBf16Rows>;
   if (role >= kDecoder) {
-    lower_registers<kDecoderRegs>();
+    lower_registers<Regs::kDecoder>();
     decode_role<kBf16Rows>(p, meta, role - kDecoder, smem);
   } else if (role == kScorer) {
-    raise_registers<kScorerRegs>();
-    score_role(p, meta, blockIdx.y, q_aligned, max_logits, smem);
+    raise_registers<Regs::kScorer>();
+    score_role(p, meta, blockIdx.y, q_tensor ? &q_map : nullptr, max_logits, smem);
   } else {
-    raise_registers<kValuerRegs>();
-    value_role(p, meta, blockIdx.y, smem);
+    raise_registers<Regs::kValuer>();
+    value_role<kBf16Rows>(p, meta, blockIdx.y, smem);
   }
 }
 
@@ -1000,16 +1068,50 @@ SparseMlaDecodeParams kernel_params(const SparseMlaDecodeParams& p) {
   return k;
 }
 
+// The driver's tensor-map encoder, looked up once through the runtime (nothing links the driver library); null
+// where the driver has none.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    const cudaError_t error =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
+    return error == cudaSuccess && found == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)
+               : nullptr;
+  }();
+  return encoder;
+}
+
+// A tensor map of q [b, s_q, h_q, 512] bf16 whose box is one slab of the q tile (64 dims of 64 heads, 128-byte
+// swizzle, heads past h_q read as zero). False where the tensor copies cannot read q: rows or strides not 16-byte
+// aligned, a stride of 0 over more than one row, a dimension past int32, or no encoder.
+bool q_tensor_map(const SparseMlaDecodeParams& p, CUtensorMap& map) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  const int64_t extents[3] = {p.h_q, p.s_q, p.b}, strides[3] = {p.q_stride_h, p.q_stride_s, p.q_stride_b};
+  cuuint64_t dims[4] = {cuuint64_t(kDim)}, byte_strides[3];
+  for (int i = 0; i < 3; ++i) {
+    if (extents[i] > INT32_MAX || (extents[i] > 1 && strides[i] <= 0)) return false;
+    dims[i + 1] = cuuint64_t(extents[i]);
+    byte_strides[i] = extents[i] > 1 ? cuuint64_t(strides[i]) * 2 : kDim * 2;  // a single row: any valid stride
+    if (byte_strides[i] % kVectorAlign != 0 || byte_strides[i] >= (cuuint64_t(1) << 40)) return false;
+  }
+  if (encode == nullptr || reinterpret_cast<uintptr_t>(p.q) % kVectorAlign != 0) return false;
+  const cuuint32_t box[4] = {kSlabDims, kHeadsPerCta, 1, 1}, element_strides[4] = {1, 1, 1, 1};
+  return encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<uint16_t*>(p.q), dims, byte_strides, box,
+                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 template <bool kBf16Rows>
 cudaError_t launch_attention(const SparseMlaDecodeParams& p, float* max_logits, cudaStream_t stream) {
   const cudaError_t attr = cudaFuncSetAttribute(sparse_mla_decode_sm90_kernel<kBf16Rows>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (attr != cudaSuccess) return attr;
-  const uintptr_t q_bits = reinterpret_cast<uintptr_t>(p.q) | uintptr_t(p.q_stride_b * 2) |
-                           uintptr_t(p.q_stride_s * 2) | uintptr_t(p.q_stride_h * 2);
+  CUtensorMap q_map{};
+  const bool q_tensor = q_tensor_map(p, q_map);
   const dim3 grid(unsigned((p.h_q + kHeadsPerCta - 1) / kHeadsPerCta), unsigned(p.s_q), unsigned(p.sched.num_parts));
-  sparse_mla_decode_sm90_kernel<kBf16Rows>
-      <<<grid, kCtaThreads, kSmemBytes, stream>>>(p, q_bits % kVectorAlign == 0, max_logits);
+  sparse_mla_decode_sm90_kernel<kBf16Rows><<<grid, kCtaThreads, kSmemBytes, stream>>>(p, q_map, q_tensor, max_logits);
   return cudaGetLastError();
 }
 

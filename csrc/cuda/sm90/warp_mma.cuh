@@ -83,6 +83,16 @@ DSV4_SM90_DEVICE void bulk_copy_to_shared(uint32_t dst, const void* src, uint32_
                : "memory");
 }
 
+// Tensor copy of the box at coordinates (c0, c1, c2, c3) of a 4-D tensor map into shared memory at dst (the map's
+// swizzle), completing on barrier `bar`; `map` is the address of a __grid_constant__ kernel parameter.
+DSV4_SM90_DEVICE void tensor_copy_4d(uint32_t dst, const void* map, int c0, int c1, int c2, int c3, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+
 // Bulk shared -> global copy of `bytes` (multiple of 16, both ends 16-byte aligned) in this thread's bulk group;
 // bulk_wait_all waits for the thread's groups to complete.
 DSV4_SM90_DEVICE void bulk_copy_to_global(void* dst, uint32_t src, uint32_t bytes) {
