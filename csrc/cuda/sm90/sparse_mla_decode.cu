@@ -702,7 +702,8 @@ DSV4_SM90_DEVICE void store_row_wide(const RowState& st, int r, float scale, int
 // Finalises this thread's rows with the portable tier's row finishers (one definition of the lse, sink and
 // no-valid-entry conventions): a single piece writes out (into `stage` rows instead where given, see finish_piece)
 // and lse (and max_logits, the largest scaled score, where given), a split piece its fp32 partial and lse.
-// kSingle: piece.target.single (each kind of row straight through: the code is cold at the CTA's end).
+// kSingle: piece.target.single (each kind of row straight through: the code is cold at the CTA's end). kWide: output
+// rows not staged go out in 16-byte stores (store_row_wide), for a role with the registers for its transposes.
 template <bool kSingle, bool kWide>
 DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& piece, int64_t s, int64_t head0,
                                   int row_group, int half, int lane, RowState& st, float* max_logits,
