@@ -194,6 +194,13 @@ class PrefillCase:
                 f"{str(self.index_dtype).removeprefix('torch.')}")
 
 
+def q_off_16_bytes(q: torch.Tensor) -> torch.Tensor:
+    """The same values as q in a view whose rows start 2 bytes past a 16-byte boundary (one bf16 element in)."""
+    wide = torch.randn(*q.shape[:-1], q.shape[-1] + 1).bfloat16()
+    wide[..., 1:] = q
+    return wide[..., 1:]
+
+
 def prefill_inputs(case: PrefillCase) -> dict:
     """Keyword arguments of dsv4.ops.sparse_mla_prefill (and of the reference): kv rows that no valid index
     reads are NaN, and kv is a row-strided view."""

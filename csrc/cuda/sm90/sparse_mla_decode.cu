@@ -33,10 +33,11 @@ static_assert(2 * kDecodeHalfEntries == kTile, "two decoders cover a tile");
 constexpr int kPublishThreadsPerEntry = kGroupThreads / kTile;
 constexpr int kScorer = 0, kDecoder = 2;  // warpgroup 0 scores, 1 values and publishes, 2 and 3 decode
 // setmaxnreg per role. Decoding fp8 entries takes 72 registers; copying bf16 rows (the prefill) 64, and the valuer
-// takes the difference for its rows' 16-byte stores (store_row_wide).
+// takes the difference for its rows' 16-byte stores (kWideValuer: store_row_wide).
 template <bool kBf16Rows>
 struct RoleRegs {
   static constexpr int kScorer = 192, kValuer = kBf16Rows ? 192 : 176, kDecoder = kBf16Rows ? 64 : 72;
+  static constexpr bool kWideValuer = kValuer >= 192;
   static_assert(kScorer + kValuer + 2 * kDecoder <= 4 * 128,
                 "setmaxnreg.inc waits for registers the decoders released: never more than the CTA holds");
 };
@@ -699,6 +700,12 @@ DSV4_SM90_DEVICE void store_row_wide(const RowState& st, int r, float scale, int
   }
 }
 
+// Whether output rows start on 16-byte boundaries (rows are 1 KB apart): bulk copies and 16-byte stores can write
+// them.
+DSV4_SM90_DEVICE bool out_rows_aligned(const SparseMlaDecodeParams& p) {
+  return reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
+}
+
 // Finalises this thread's rows with the portable tier's row finishers (one definition of the lse, sink and
 // no-valid-entry conventions): a single piece writes out (into `stage` rows instead where given, see finish_piece)
 // and lse (and max_logits, the largest scaled score, where given), a split piece its fp32 partial and lse.
@@ -709,7 +716,7 @@ DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& p
                                   int row_group, int half, int lane, RowState& st, float* max_logits,
                                   const uint8_t* smem, uint8_t* stage) {
   const PieceTarget& target = piece.target;
-  const bool wide = reinterpret_cast<uintptr_t>(p.out) % 16 == 0;  // uniform: rows in whole 16-byte runs
+  const bool wide = out_rows_aligned(p);
   const float* sink_logits = reinterpret_cast<const float*>(smem + kSinkOffset);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -829,7 +836,7 @@ DSV4_SM90_DEVICE ProbsSlot probs_slot(uint8_t* smem, int tile) {
 
 // Whether the piece's output rows go out through the staging rows: the CTA's last piece, written to the output.
 DSV4_SM90_DEVICE bool stages_rows(const SparseMlaDecodeParams& p, const Piece& piece, int64_t last) {
-  return piece.r == last && piece.target.single && reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
+  return piece.r == last && piece.target.single && out_rows_aligned(p);
 }
 
 // Finishes a piece's rows; the CTA's last piece goes through the staging rows: once both roles' P V are done (the
@@ -1015,7 +1022,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
     score_role(p, meta, blockIdx.y, q_tensor ? &q_map : nullptr, max_logits, smem);
   } else {
     raise_registers<Regs::kValuer>();
-    value_role<kBf16Rows>(p, meta, blockIdx.y, smem);
+    value_role<Regs::kWideValuer>(p, meta, blockIdx.y, smem);
   }
 }
 
