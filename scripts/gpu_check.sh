@@ -8,9 +8,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/gpu_check}
 mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-ARCH=$($PY -c "import torch; p = torch.cuda.get_device_capability(); print(f'{p[0]}{p[1]}')")
-JOBS=${MAX_JOBS:-$(nproc)}
+. scripts/gpu_env.sh
 summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
 : > "$OUT/summary.txt"
 summary "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)  torch $($PY -c 'import torch; print(torch.__version__)')  nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
