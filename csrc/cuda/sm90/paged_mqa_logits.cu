@@ -365,8 +365,9 @@ DSV4_SM90_DEVICE void score_chunk_bulk(const Params& p, Smem& s, int64_t request
     const int64_t block = request >= 0 && t0 < key_end && page < p.max_blocks ? index_at(p.block_table, request, page)
                                                                                 : -1;
     const bool here = present(p.cache, block);
-    s.codes_at[k] = here ? block * p.cache.block_stride + entry * kDim : -1;
-    s.scales_at[k] = here ? block * p.cache.block_stride + bs * kDim + 4 * entry : -1;
+    const int64_t page_at = block * p.cache.block_stride;
+    s.codes_at[k] = here ? page_at + entry * kDim : -1;
+    s.scales_at[k] = here ? page_at + bs * kDim + 4 * entry : -1;
   }
   __syncthreads();
   const auto issue = [&](int64_t k) {  // thread 0
