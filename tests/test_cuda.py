@@ -1,7 +1,8 @@
 """CUDA-only contract: the decode split plan (also checked on the CPU), FlashMLA's plan-on-first-use protocol on
 the device, CUDA-graph capture and replay of decode, no host synchronisation, out-of-range values handled on the
-device, and prefill with many tokens per CTA. The kernels' numerics run in the CPU test grids (the "cuda" tiers of
-the isa fixture and the opcheck fixture); torch.compile on CUDA tensors is in test_compile.py."""
+device, prefill with many tokens per CTA, and paged indexer logits for more requests than a grid dimension holds.
+The kernels' numerics run in the CPU test grids (the "cuda" tiers of the isa fixture and the opcheck fixture);
+torch.compile on CUDA tensors is in test_compile.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from conftest import CUDA_TIERS
 from dsv4 import cache, flash_mla, ops
-from dsv4.reference import attention
+from dsv4.reference import attention, indexer
 from sparse_mla_cases import (
     DecodeCase,
     PrefillCase,
@@ -20,6 +21,7 @@ from sparse_mla_cases import (
     reference_prefill,
 )
 from test_flash_mla_api import flashmla_kwargs
+from test_mqa_logits import assert_logits_match, paged_case
 
 needs_cuda = pytest.mark.skipif(not CUDA_TIERS, reason="needs a GPU and dsv4._C_cuda")
 BLOCK_ENTRIES, FIXED_COST, COMBINE_COST = 64, 5, 2  # the plan's block size, per-piece and combine costs (params.h)
@@ -231,3 +233,27 @@ def test_prefill_many_tokens_per_cta(tier, case, misalign, monkeypatch):
     assert_attention_close(out.cpu(), lse.cpu(), ref_out, ref_lse, max_logits.cpu(), ref_max)
     again = ops.sparse_mla_prefill(**on_cuda(args))
     assert torch.equal(out, again[0]) and torch.equal(lse, again[2]), "same inputs, same bits"
+
+
+@needs_cuda
+@pytest.mark.parametrize("tier", CUDA_TIERS)
+def test_paged_logits_more_requests_than_grid_rows(tier, monkeypatch):
+    """70000 requests (the Hopper grid has at most 65535 rows of them, so some CTAs score a second request after
+    their first, continuing their ring of key tiles): the batch repeats 97 distinct requests, so every row must
+    equal its first copy bit for bit, and the first copies match the reference. Lengths up to three tiles, some 0."""
+    if tier == "cuda-portable":
+        monkeypatch.setenv("DSV4_CUDA_TIER", "portable")
+    distinct, batch = 97, 70000
+    lens = [(37 * i) % 190 for i in range(distinct)]
+    q, kv, weights, ctx, table, block_size, max_len = paged_case(distinct, 1, 16, 64, lens, lens_2d=False, pool=11)
+    repeat = torch.arange(batch) % distinct
+    args = [t.cuda() for t in (q[repeat], kv, weights[repeat], ctx[repeat], table[repeat])]
+    want = indexer.fp8_paged_mqa_logits(q, kv, weights, ctx, table, block_size, max_len)
+    for clean in (True, False):
+        got = ops.fp8_paged_mqa_logits(*args, block_size, max_len, clean_logits=clean).cpu()
+        first = got[:distinct]
+        valid = torch.arange(max_len)[None, :] < ctx[:, None].long()
+        assert_logits_match(first, want, torch.ones_like(valid) if clean else valid)
+        copies = first[repeat]
+        mask = torch.ones_like(got, dtype=torch.bool) if clean else valid[repeat]
+        assert torch.equal(got[mask], copies[mask]), "a repeated request scored differently"
