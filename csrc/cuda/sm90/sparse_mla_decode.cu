@@ -490,9 +490,8 @@ DSV4_SM90_DEVICE void copy_rope(const uint8_t* data, int e, int part, uint8_t* t
   }
 }
 
-// Copies this thread's chunks (part + 4 k) of a bf16 row into row e of the tile by cp.async (zero for an entry that
-// is not attended).
-// kFirst, kEnd: a range of k (the first half of the row is k < kRowCopies / 2).
+// Copies this thread's chunks part + 4 k, k in [kFirst, kEnd), of a bf16 row into row e of the tile by cp.async
+// (zero for an entry that is not attended); k < kRowCopies / 2 is the row's first half (dims 0-255).
 constexpr int kRowCopies = kChunksPerRow / kDecodeThreadsPerEntry;
 template <int kFirst, int kEnd>
 DSV4_SM90_DEVICE void copy_row(const uint8_t* data, int e, int part, uint8_t* tile) {
