@@ -43,3 +43,10 @@ def test_table_ratios_against_the_first_build_and_other_bits():
 def test_every_default_case_is_defined():
     assert set(gpu_ab_time.DEFAULT_CASES) <= set(gpu_ab_time.CASES)
     assert gpu_ab_time.main(["nothing"]) == 2
+
+
+def test_run_takes_a_known_case_only(capsys):
+    """`run` (the profiler's entry) refuses an unknown case or a missing one with the usage, before any import."""
+    assert gpu_ab_time.main(["run", "build/python", "no_such_case"]) == 2
+    assert gpu_ab_time.main(["run", "build/python"]) == 2
+    assert "run PYTHON_DIR CASE" in capsys.readouterr().err

@@ -4,7 +4,8 @@
 cold (``dsv4.bench.gpu.time_cold``: CUDA-graph replays after an L2 flush, median) and prints one line per case with
 a hash of its outputs, so that variants meant to give the same bits can be checked. ``table LOG`` reads those lines
 back: per case, each build's rounds side by side, its median against the first build's, and whether its outputs
-equal the first build's bit for bit.
+equal the first build's bit for bit. ``run PYTHON_DIR CASE [REPEATS]`` only runs one case REPEATS times (default 3),
+for a profiler (scripts/gpu_profile.sh).
 """
 
 from __future__ import annotations
@@ -48,15 +49,35 @@ def time_cases(python_dir: str, name: str, round_: int, names: list[str]) -> Non
     from dsv4.bench import gpu
 
     for label in names:
-        make, args, replays = CASES[label]
-        torch.manual_seed(0)
-        made = getattr(gpu, make)(*args)
-        case = made[0] if isinstance(made, list) else made  # fp8_prefill_cases: the direct route
+        case = make_case(label)
         out = case.run()
         torch.cuda.synchronize()
+        replays = CASES[label][2]
         print(f"{name} r{round_} {label} {gpu.time_cold(case, replays):.1f} us hash {output_hash(out)}", flush=True)
-        del case, made, out
+        del case, out
         torch.cuda.empty_cache()
+
+
+def make_case(label: str):
+    """The case of CASES named `label`, built on fresh random inputs (seed 0); the direct route of fp8 prefill."""
+    import torch
+
+    from dsv4.bench import gpu
+
+    make, args, _ = CASES[label]
+    torch.manual_seed(0)
+    made = getattr(gpu, make)(*args)
+    return made[0] if isinstance(made, list) else made
+
+
+def run_case(python_dir: str, label: str, repeats: int) -> None:
+    sys.path.insert(0, python_dir)
+    import torch
+
+    case = make_case(label)
+    for _ in range(repeats):
+        case.run()
+    torch.cuda.synchronize()
 
 
 def parse(lines: list[str]) -> tuple[dict[tuple[str, str], list[float]], dict[tuple[str, str], set[str]]]:
@@ -97,6 +118,9 @@ def table(times: dict[tuple[str, str], list[float]], hashes: dict[tuple[str, str
 def main(argv: list[str]) -> int:
     if len(argv) >= 4 and argv[0] == "time":
         time_cases(argv[1], argv[2], int(argv[3]), argv[4:] or list(DEFAULT_CASES))
+        return 0
+    if len(argv) in (3, 4) and argv[0] == "run" and argv[2] in CASES:
+        run_case(argv[1], argv[2], int(argv[3]) if len(argv) == 4 else 3)
         return 0
     if len(argv) == 2 and argv[0] == "table":
         with open(argv[1]) as log:
