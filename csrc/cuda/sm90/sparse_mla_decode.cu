@@ -797,16 +797,15 @@ DSV4_SM90_DEVICE uint4 load_q_chunk(const SparseMlaDecodeParams& p, const uint16
 
 // How the scorer fills the q tile: eight tensor copies of q_map's 128-byte-swizzled slabs (64 dims of 64 heads, the
 // heads past h_q filled with zeros), issued by one thread and completing on the q barrier, or element loads where q
-// has no tensor map. `issued` and `waited` count the tensor loads.
+// has no tensor map (map null). `issued` and `waited` count the tensor loads.
 struct QLoader {
   const CUtensorMap* map;
   uint32_t bar;
-  bool tensor;
   uint32_t issued, waited;
 
   // Starts loading the q rows of heads [head0, head0 + 64) of query (b, s) into the tile; wait finishes it.
   DSV4_SM90_DEVICE void start(const SparseMlaDecodeParams& p, int64_t b, int64_t s, int64_t head0, uint8_t* tile) {
-    if (tensor) {  // uniform
+    if (map != nullptr) {  // uniform
       if (threadIdx.x == 0) {
         mbarrier_arrive_expect_tx(bar, kTileBytes);
         for (int slab = 0; slab < kDim / kSlabDims; ++slab)
@@ -905,7 +904,7 @@ DSV4_SM90_DEVICE void score_role(const SparseMlaDecodeParams& p, const int32_t* 
   const float scale_log2 = p.sm_scale * kLog2e;
   const int64_t first = meta[0] < 0 ? 0 : meta[0], last = meta[1] < p.b ? meta[1] : p.b - 1;
   int64_t g = 0, q_request = first;  // q_request: the request whose q is in (or on its way to) the tile
-  QLoader q{q_map, shared_address(smem + kQMbarOffset), q_map != nullptr, 0, 0};
+  QLoader q{q_map, shared_address(smem + kQMbarOffset), 0, 0};
   copy_sinks(p, head0, t, smem);
   if (first <= last) q.start(p, first, s, head0, q_tile);
   for (int64_t r = first; r <= last; ++r) {
