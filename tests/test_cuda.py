@@ -21,7 +21,7 @@ from sparse_mla_cases import (
     reference_prefill,
 )
 from test_flash_mla_api import flashmla_kwargs
-from test_mqa_logits import assert_logits_match, paged_case
+from test_mqa_logits import assert_logits_match, paged_case, row_valid_mask
 
 needs_cuda = pytest.mark.skipif(not CUDA_TIERS, reason="needs a GPU and dsv4._C_cuda")
 BLOCK_ENTRIES, FIXED_COST, COMBINE_COST = 64, 5, 2  # the plan's block size, per-piece and combine costs (params.h)
@@ -252,7 +252,7 @@ def test_paged_logits_more_requests_than_grid_rows(tier, monkeypatch):
     for clean in (True, False):
         got = ops.fp8_paged_mqa_logits(*args, block_size, max_len, clean_logits=clean).cpu()
         first = got[:distinct]
-        valid = torch.arange(max_len)[None, :] < ctx[:, None].long()
+        valid = row_valid_mask(ctx, 1, max_len)
         assert_logits_match(first, want, torch.ones_like(valid) if clean else valid)
         copies = first[repeat]
         mask = torch.ones_like(got, dtype=torch.bool) if clean else valid[repeat]
