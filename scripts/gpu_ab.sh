@@ -20,11 +20,7 @@ for spec in "$@"; do
   target=()
   [ "${#names[@]}" -gt 0 ] && target=(--target _C_cuda)
   names+=("$name")
-  pkg="$PWD/build/ab_$name/python"
-  rm -rf "$pkg" && mkdir -p "$pkg" && cp -r python/dsv4 "$pkg/"
-  (cmake -S . -B "build/ab_$name" -G Ninja -DDSV4_PYTHON="$(command -v "$PY")" -DDSV4_OUTPUT_DIR="$pkg/dsv4" \
-     -DDSV4_ENABLE_CUDA=ON -DDSV4_CUDA_ARCHS="$ARCH" -DCMAKE_CUDA_FLAGS="$flags" -DDSV4_CUDA_PTXAS_REPORT=ON &&
-   cmake --build "build/ab_$name" --parallel "$JOBS" "${target[@]}") > "$OUT/build_$name.txt" 2>&1 &
+  build_package "build/ab_$name" "$flags" "${target[@]}" > "$OUT/build_$name.txt" 2>&1 &
   pids+=($!)
 done
 failed=0

@@ -11,11 +11,8 @@ OUT=${OUT:-build/gpu_profile}
 mkdir -p "$OUT"
 . scripts/gpu_env.sh
 case_name=${1:-pf64}
+build_package build/profile "" > "$OUT/build.txt" 2>&1
 pkg="$PWD/build/profile/python"
-rm -rf "$pkg" && mkdir -p "$pkg" && cp -r python/dsv4 "$pkg/"
-cmake -S . -B build/profile -G Ninja -DDSV4_PYTHON="$(command -v "$PY")" -DDSV4_OUTPUT_DIR="$pkg/dsv4" \
-  -DDSV4_ENABLE_CUDA=ON -DDSV4_CUDA_ARCHS="$ARCH" > "$OUT/build.txt" 2>&1
-cmake --build build/profile --parallel "$JOBS" >> "$OUT/build.txt" 2>&1
 ncu --clock-control none --cache-control all --kernel-name "regex:${GPU_PROFILE_KERNEL:-sparse_mla_decode_sm90}" \
   --launch-skip 1 --launch-count 1 --set full --import-source no -f -o "$OUT/profile" \
   "$PY" tools/gpu_ab_time.py run "$pkg" "$case_name" 3 > "$OUT/ncu.txt" 2>&1
