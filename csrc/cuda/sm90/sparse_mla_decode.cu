@@ -60,6 +60,9 @@ constexpr int kSlabSteps = kSlabDims / 16;  // k16 steps per slab
 constexpr int kQkSteps = kDim / 16;
 constexpr int kPvSteps = kTile / 16;
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+// The weights' offset is raised only when a tile's largest scaled score passes it by more than this (log2 units), so
+// that most tiles rescale no O: weights stay <= 2^8, exact in bf16's and fp32's range, and lse takes the same offset.
+constexpr float kLazyHeadroom = 8.0f;
 
 static_assert(kTile == kHeadsPerCta, "a K/V tile has the q tile's shape and layout (tile_offset, kSlabBytes)");
 constexpr int kNopeItems = kNopeDim / kVectorBytes;  // 28 16-byte items of codes
@@ -103,8 +106,9 @@ static_assert(kCursorOffset % 16 == 0 && kIndexOffset % 8 == 0, "aligned cursors
 
 struct RowState {
   float o[kValueTiles][4];
-  float max[2];
+  float max[2];  // the weights' offsets (log2 domain): within kLazyHeadroom of the largest scaled score, see below
   float sum[2];
+  float peak[2];  // the largest scaled score (log2 domain), for max_logits
 };
 
 DSV4_SM90_DEVICE void named_sync(int id, int threads) {
@@ -179,8 +183,8 @@ struct TileWeights {
   float offset[2];
 };
 
-// Online softmax of one tile, first part: masks invalid entries, raises the running max and rescales O (alpha:
-// the rows' factors, for the sums and the valuer). With a positive scale the scores stay unscaled: the row max
+// Online softmax of one tile, first part: masks invalid entries, raises the weights' offset where the tile passes it
+// by more than kLazyHeadroom and then rescales O (alpha: the rows' factors, for the sums and the valuer). With a positive scale the scores stay unscaled: the row max
 // scales exactly (rounding is monotonic) and each weight is one fma and one ex2; a full tile (the common case)
 // skips the masking.
 DSV4_SM90_DEVICE TileWeights softmax_rows(float (&s)[kScoreTiles][4], uint64_t valid, float scale_log2, int lane,
@@ -208,7 +212,10 @@ DSV4_SM90_DEVICE TileWeights softmax_rows(float (&s)[kScoreTiles][4], uint64_t v
     float m = row_reduce(s, r, max_op);
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-    const float new_max = fmaxf(st.max[r], m * w.scale);
+    const float tile_max = m * w.scale;
+    st.peak[r] = fmaxf(st.peak[r], tile_max);
+    const bool keep = tile_max - st.max[r] <= kLazyHeadroom;  // false while st.max is -inf
+    const float new_max = keep ? st.max[r] : fmaxf(st.max[r], tile_max);
     w.offset[r] = new_max == -INFINITY ? 0.0f : new_max;  // nothing valid yet: every weight is exp2(-inf) = 0
     alpha[r] = st.max[r] == new_max ? 1.0f : fast_exp2(st.max[r] - w.offset[r]);
     st.max[r] = new_max;
@@ -752,7 +759,7 @@ DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& p
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     const int64_t head = head0 + 16 * row_group + (lane >> 2) + 8 * r;
     if (head >= p.h_q) continue;
-    const float max = st.max[r] * kLn2;  // the running max is kept in the log2 domain
+    const float max = st.max[r] * kLn2;  // the weights' offset, kept in the log2 domain
     const float sink = sink_logits[16 * row_group + (lane >> 2) + 8 * r];  // used only with a sink and a weight
     const mla::RowFinish f = kSingle ? mla::finish_output_row(max, sum, p.attn_sink != nullptr, sink)
                                      : mla::finish_partial_row(max, sum);
@@ -772,7 +779,7 @@ DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& p
       }
       const int64_t lse_at = (piece.r * p.h_q + head) * p.s_q + s;
       if (writes_lse) p.lse[lse_at] = f.lse;
-      if (writes_lse && max_logits != nullptr) max_logits[lse_at] = f.max_logit;
+      if (writes_lse && max_logits != nullptr) max_logits[lse_at] = f.lse != f.lse ? f.lse : st.peak[r] * kLn2;
     } else {
       const int64_t row = mla::accum_row(p, target.split_row, s, head);
       float* out = p.sched.o_accum + row * kDim + dim0;
@@ -842,7 +849,7 @@ DSV4_SM90_DEVICE void clear_rows(RowState& st) {
   for (int t = 0; t < kValueTiles; ++t)
 #pragma unroll
     for (int i = 0; i < 4; ++i) st.o[t][i] = 0.0f;
-  st.max[0] = st.max[1] = -INFINITY;
+  st.max[0] = st.max[1] = st.peak[0] = st.peak[1] = -INFINITY;
   st.sum[0] = st.sum[1] = 0.0f;
 }
 
