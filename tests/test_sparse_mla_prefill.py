@@ -64,6 +64,18 @@ def test_q_rows_off_16_byte_alignment(isa):
     check_prefill(args)
 
 
+def test_rising_scores_raise_the_running_max(isa):
+    """Scores climbing by far more than the lazy-max slack from one 64-entry tile to the next (head 0), and falling
+    (head 1): out, lse and max_logits (the largest score, not the weights' offset) as in the reference."""
+    s_kv = 400
+    q_row = torch.randn(MODEL1_HEAD_DIM)
+    rows = torch.linspace(0, 2, s_kv)[:, None] * q_row + 0.1 * torch.randn(s_kv, MODEL1_HEAD_DIM)
+    q = torch.stack([q_row, -q_row]).bfloat16().view(1, 2, MODEL1_HEAD_DIM)
+    kv = rows.bfloat16().view(s_kv, 1, MODEL1_HEAD_DIM)
+    indices = torch.arange(s_kv, dtype=torch.int32).view(1, 1, s_kv)
+    check_prefill(dict(q=q, kv=kv, indices=indices, sm_scale=MODEL1_HEAD_DIM**-0.5))
+
+
 def test_nan_in_q_gives_nan_rows(isa):
     """A NaN in one head's q makes that (token, head)'s out, max_logits and lse NaN, as in the reference; every
     other row keeps its bits."""
