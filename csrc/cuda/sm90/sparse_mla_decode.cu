@@ -258,17 +258,18 @@ DSV4_SM90_DEVICE void add_row_sums(const float (&s)[kScoreTiles][4], const float
   for (int r = 0; r < 2; ++r) st.sum[r] = st.sum[r] * alpha[r] + row_reduce(s, r, sum_op);
 }
 
-// O[64 rows, this warpgroup's 256 dims] += P V (V = the K/V tile read N-major: one swizzle atom spans 8 entries of
-// 64 dims, so both atom strides are the 1024 bytes to the next 8 entries).
-// Steps [kFirst, kEnd) of P (the whole tile by default); each O element sees its k steps in order either way.
-template <int kFirst = 0, int kEnd = kPvSteps, int kSlab = 0>
+// O[64 rows, this warpgroup's 256 dims] += P V, one n128 product per pair of 64-dim slabs and k step (V = the K/V
+// tile read N-major: a swizzle atom spans 8 entries of 64 dims, the next 8 entries are 1024 bytes on and the next
+// slab kSlabBytes). One n256 product would hold 128 accumulators in one instruction, more than ptxas allows a kernel
+// launched at 128 registers per thread. Steps [kFirst, kEnd) of P (the whole tile by default); each O element sees its k steps in order either way.
+template <int kFirst = 0, int kEnd = kPvSteps, int kPair = 0>
 DSV4_SM90_DEVICE void slab_values(uint32_t kv_base, const uint32_t (&p)[kPvSteps][4], int half, RowState& st) {
 #pragma unroll
   for (int kk = kFirst; kk < kEnd; ++kk) {
-    const uint32_t address = kv_base + uint32_t((kHalfSlabs * half + kSlab) * kSlabBytes + kk * 16 * kRowBytes);
-    wgmma_64x64x16_rs_tn<8 * kSlab>(st.o, p[kk], swizzled_descriptor(address, kSwizzleAtomBytes, kSwizzleAtomBytes));
+    const uint32_t address = kv_base + uint32_t((kHalfSlabs * half + 2 * kPair) * kSlabBytes + kk * 16 * kRowBytes);
+    wgmma_64x128x16_rs_tn<16 * kPair>(st.o, p[kk], swizzled_descriptor(address, kSlabBytes, kSwizzleAtomBytes));
   }
-  if constexpr (kSlab + 1 < kHalfSlabs) slab_values<kFirst, kEnd, kSlab + 1>(kv_base, p, half, st);
+  if constexpr (2 * kPair + 2 < kHalfSlabs) slab_values<kFirst, kEnd, kPair + 1>(kv_base, p, half, st);
 }
 
 template <int kRegs>

@@ -43,17 +43,20 @@ DSV4_SM90_DEVICE void wgmma_64x64x16_ss(float (&d)[8][4], uint64_t a, uint64_t b
       : "l"(a), "l"(b), "r"(1));
 }
 
-// d[kFirst .. kFirst + 8) += A (64 x 16 bf16 in registers, mma.sync A layout per warp) * B (16 x 64, N-major smem).
+// d[kFirst .. kFirst + 16) += A (64 x 16 bf16 in registers, mma.sync A layout per warp) * B (16 x 128, N-major smem
+// spanning two 64-column atoms).
 template <int kFirst, int kTiles>
-DSV4_SM90_DEVICE void wgmma_64x64x16_rs_tn(float (&d)[kTiles][4], const uint32_t (&a)[4], uint64_t b) {
-  static_assert(kFirst + 8 <= kTiles, "eight n8 tiles");
+DSV4_SM90_DEVICE void wgmma_64x128x16_rs_tn(float (&d)[kTiles][4], const uint32_t (&a)[4], uint64_t b) {
+  static_assert(kFirst + 16 <= kTiles, "sixteen n8 tiles");
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
-      "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      " {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-      : DSV4_WGMMA_N64(d, kFirst)
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : DSV4_WGMMA_N128(d, kFirst)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 
