@@ -22,9 +22,12 @@ CASES = {
     "pf128": ("prefill_case", (4096, 128, 1152), 10),
     "fp8pf64": ("fp8_prefill_cases", (4096, 64, 512), 10),
     "B1": ("decode_case", (1, 64, 512, "V4-Flash"), 30),
+    "B8": ("decode_case", (8, 64, 512, "V4-Flash"), 30),
+    "B32": ("decode_case", (32, 64, 512, "V4-Flash"), 30),
     "B128": ("decode_case", (128, 64, 512, "V4-Flash"), 30),
     "B256": ("decode_case", (256, 64, 512, "V4-Flash"), 30),
     "B512": ("decode_case", (512, 64, 512, "V4-Flash"), 20),
+    "P1": ("decode_case", (1, 128, 1024, "V4-Pro"), 30),
     "P128": ("decode_case", (128, 128, 1024, "V4-Pro"), 20),
     "H16": ("decode_case", (128, 16, 512, "V4-Flash TP4"), 30),
 }
