@@ -184,9 +184,9 @@ struct TileWeights {
 };
 
 // Online softmax of one tile, first part: masks invalid entries, raises the weights' offset where the tile passes it
-// by more than kLazyHeadroom and then rescales O (alpha: the rows' factors, for the sums and the valuer). With a positive scale the scores stay unscaled: the row max
-// scales exactly (rounding is monotonic) and each weight is one fma and one ex2; a full tile (the common case)
-// skips the masking.
+// by more than kLazyHeadroom and then rescales O (alpha: the rows' factors, for the sums and the valuer). With a
+// positive scale the scores stay unscaled: the row max scales exactly (rounding is monotonic) and each weight is one
+// fma and one ex2; a full tile (the common case) skips the masking.
 DSV4_SM90_DEVICE TileWeights softmax_rows(float (&s)[kScoreTiles][4], uint64_t valid, float scale_log2, int lane,
                                           RowState& st, float (&alpha)[2]) {
   TileWeights w;
@@ -261,7 +261,8 @@ DSV4_SM90_DEVICE void add_row_sums(const float (&s)[kScoreTiles][4], const float
 // O[64 rows, this warpgroup's 256 dims] += P V, one n128 product per pair of 64-dim slabs and k step (V = the K/V
 // tile read N-major: a swizzle atom spans 8 entries of 64 dims, the next 8 entries are 1024 bytes on and the next
 // slab kSlabBytes). One n256 product would hold 128 accumulators in one instruction, more than ptxas allows a kernel
-// launched at 128 registers per thread. Steps [kFirst, kEnd) of P (the whole tile by default); each O element sees its k steps in order either way.
+// launched at 128 registers per thread. Steps [kFirst, kEnd) of P (the whole tile by default); each O element sees
+// its k steps in order either way.
 template <int kFirst = 0, int kEnd = kPvSteps, int kPair = 0>
 DSV4_SM90_DEVICE void slab_values(uint32_t kv_base, const uint32_t (&p)[kPvSteps][4], int half, RowState& st) {
 #pragma unroll
