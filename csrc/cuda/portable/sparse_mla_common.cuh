@@ -191,12 +191,16 @@ struct RowFinish {
 // The final row: lse = max + ln(sum), out_scale = 1 / sum times the sink factor 1 / (1 + exp(sink - lse)) (the
 // lse excludes the sink); no valid entry: out exactly 0 and lse +inf. A NaN score (in q or an attended row) makes
 // the sum NaN, and with it lse and out, as in the reference.
-// has_sink false: no sink (the factor is exactly 1).
-DSV4_DEVICE RowFinish finish_output_row(float max, float sum, bool has_sink, float sink) {
-  if (sum == 0.0f) return {INFINITY, 0.0f, max};
+// has_sink false: no sink (the factor is exactly 1). peak: the row's largest score, for max_logit, where `max` (the
+// weights' offset) may lag it (the Hopper tier raises its offset lazily).
+DSV4_DEVICE RowFinish finish_output_row(float max, float sum, bool has_sink, float sink, float peak) {
+  if (sum == 0.0f) return {INFINITY, 0.0f, peak};
   const float lse = max + logf(sum);
   const float sink_factor = has_sink ? 1.0f / (1.0f + expf(sink - lse)) : 1.0f;
-  return {lse, (1.0f / sum) * sink_factor, lse != lse ? lse : max};
+  return {lse, (1.0f / sum) * sink_factor, lse != lse ? lse : peak};
+}
+DSV4_DEVICE RowFinish finish_output_row(float max, float sum, bool has_sink, float sink) {
+  return finish_output_row(max, sum, has_sink, sink, max);
 }
 DSV4_DEVICE RowFinish finish_output_row(float max, float sum, const float* attn_sink, int64_t head) {
   return finish_output_row(max, sum, attn_sink != nullptr, attn_sink != nullptr ? attn_sink[head] : 0.0f);

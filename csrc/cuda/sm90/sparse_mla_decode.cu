@@ -763,7 +763,7 @@ DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& p
     if (head >= p.h_q) continue;
     const float max = st.max[r] * kLn2;  // the weights' offset, kept in the log2 domain
     const float sink = sink_logits[16 * row_group + (lane >> 2) + 8 * r];  // used only with a sink and a weight
-    const mla::RowFinish f = kSingle ? mla::finish_output_row(max, sum, p.attn_sink != nullptr, sink)
+    const mla::RowFinish f = kSingle ? mla::finish_output_row(max, sum, p.attn_sink != nullptr, sink, st.peak[r] * kLn2)
                                      : mla::finish_partial_row(max, sum);
     const int64_t dim0 = int64_t(kHalfDim) * half + 2 * (lane & 3);
     const bool writes_lse = half == 0 && (lane & 3) == 0;
@@ -781,7 +781,7 @@ DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& p
       }
       const int64_t lse_at = (piece.r * p.h_q + head) * p.s_q + s;
       if (writes_lse) p.lse[lse_at] = f.lse;
-      if (writes_lse && max_logits != nullptr) max_logits[lse_at] = f.lse != f.lse ? f.lse : st.peak[r] * kLn2;
+      if (writes_lse && max_logits != nullptr) max_logits[lse_at] = f.max_logit;
     } else {
       const int64_t row = mla::accum_row(p, target.split_row, s, head);
       float* out = p.sched.o_accum + row * kDim + dim0;
