@@ -249,10 +249,10 @@ def test_paged_logits_more_requests_than_grid_rows(tier, monkeypatch):
     repeat = torch.arange(batch) % distinct
     args = [t.cuda() for t in (q[repeat], kv, weights[repeat], ctx[repeat], table[repeat])]
     want = indexer.fp8_paged_mqa_logits(q, kv, weights, ctx, table, block_size, max_len)
+    valid = row_valid_mask(ctx, 1, max_len)
     for clean in (True, False):
         got = ops.fp8_paged_mqa_logits(*args, block_size, max_len, clean_logits=clean).cpu()
         first = got[:distinct]
-        valid = row_valid_mask(ctx, 1, max_len)
         assert_logits_match(first, want, torch.ones_like(valid) if clean else valid)
         copies = first[repeat]
         mask = torch.ones_like(got, dtype=torch.bool) if clean else valid[repeat]
