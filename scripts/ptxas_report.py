@@ -1,7 +1,8 @@
 """Filters an nvcc -Xptxas=-v build log down to registers / stack / spills per function of one architecture.
 
 Usage: ptxas_report.py LOG [--arch sm_90a]. Prints one line per function compiled for that architecture and exits
-1 when any of them spills (spill stores or loads > 0), 0 otherwise.
+1 when any of them spills (spill stores or loads > 0) or has its wgmma instructions serialized (ptxas C751x: too
+few registers for the wgmma pipeline, each product then waits for the one before), 0 otherwise.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ ENTRY = re.compile(r"ptxas info\s*: Compiling entry function '([^']+)' for '([^'
 PROPERTIES = re.compile(r"ptxas info\s*: Function properties for (\S+)")
 FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 REGISTERS = re.compile(r"ptxas info\s*: Used (\d+) registers")
+SERIALIZED = re.compile(r"wgmma\.mma_async instructions are serialized.*function '([^']+)'")
 
 
 @dataclass
@@ -28,6 +30,7 @@ class Function:
     stack: int = 0
     spill_stores: int = 0
     spill_loads: int = 0
+    serialized: bool = False
 
     @property
     def spills(self) -> bool:
@@ -54,6 +57,8 @@ def parse(lines, arch: str) -> list[Function]:
             pending = None
         elif (m := REGISTERS.search(line)) and entry is not None:
             entry.registers = int(m.group(1))
+        elif (m := SERIALIZED.search(line)) and entry is not None and m.group(1) == entry.name:
+            entry.serialized = True
     return list(functions.values())
 
 
@@ -76,14 +81,21 @@ def main() -> int:
     for f in sorted(functions, key=lambda f: names[f.name]):
         regs = "-" if f.registers is None else str(f.registers)
         kind = "kernel" if f.entry else "device"
+        serial = "  wgmma serialized" if f.serialized else ""
         print(f"{args.arch} {kind} regs {regs:>3} stack {f.stack:>5} B spill st/ld {f.spill_stores}/{f.spill_loads} B"
-              f"  {names[f.name]}")
+              f"{serial}  {names[f.name]}")
+    failed = 0
     spilling = [names[f.name] for f in functions if f.spills]
     if spilling:
         print(f"ptxas_report: {len(spilling)} {args.arch} function(s) spill: {'; '.join(spilling)}", file=sys.stderr)
-        return 1
-    print(f"ptxas_report: {len(functions)} {args.arch} function(s), none spills")
-    return 0
+        failed = 1
+    serialized = [names[f.name] for f in functions if f.serialized]
+    if serialized:
+        print(f"ptxas_report: wgmma serialized in {'; '.join(serialized)}", file=sys.stderr)
+        failed = 1
+    if not failed:
+        print(f"ptxas_report: {len(functions)} {args.arch} function(s), none spills, no wgmma serialized")
+    return failed
 
 
 if __name__ == "__main__":

@@ -1,0 +1,59 @@
+"""The ptxas -v log filter behind the CUDA compile check (scripts/ptxas_report.py): spills and serialized wgmma fail."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location(
+    "ptxas_report", Path(__file__).resolve().parents[1] / "scripts" / "ptxas_report.py")
+ptxas_report = importlib.util.module_from_spec(_spec)
+sys.modules["ptxas_report"] = ptxas_report  # its dataclasses look their module up
+_spec.loader.exec_module(ptxas_report)
+
+
+def log(kernel_b_frame="0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", serialized_in=None):
+    lines = [
+        "ptxas info    : Compiling entry function '_Z8kernel_av' for 'sm_90a'",
+        "ptxas info    : Function properties for _Z8kernel_av",
+        "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads",
+        "ptxas info    : Used 128 registers, used 16 barriers",
+        "ptxas info    : Compiling entry function '_Z8kernel_bv' for 'sm_90a'",
+    ]
+    if serialized_in is not None:
+        lines.append("ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized"
+                     f" due to insufficient register resources for the function '{serialized_in}'")
+    lines += [
+        "ptxas info    : Function properties for _Z8kernel_bv",
+        f"    {kernel_b_frame}",
+        "ptxas info    : Used 96 registers",
+        "ptxas info    : Compiling entry function '_Z8kernel_av' for 'sm_80'",
+        "ptxas info    : Function properties for _Z8kernel_av",
+        "    8 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads",
+    ]
+    return lines
+
+
+def run(tmp_path, capsys, lines):
+    path = tmp_path / "build.log"
+    path.write_text("\n".join(lines) + "\n")
+    sys.argv = ["ptxas_report.py", str(path), "--arch", "sm_90a"]
+    code = ptxas_report.main()
+    return code, capsys.readouterr()
+
+
+def test_clean_log_passes_and_other_archs_are_ignored(tmp_path, capsys):
+    code, out = run(tmp_path, capsys, log())
+    assert code == 0
+    assert "2 sm_90a function(s), none spills, no wgmma serialized" in out.out
+
+
+def test_spill_fails(tmp_path, capsys):
+    code, out = run(tmp_path, capsys, log("16 bytes stack frame, 12 bytes spill stores, 12 bytes spill loads"))
+    assert code == 1 and "spill" in out.err and "kernel_b" in out.err
+
+
+def test_serialized_wgmma_fails(tmp_path, capsys):
+    functions = ptxas_report.parse(log(serialized_in="_Z8kernel_bv"), "sm_90a")
+    assert [f.serialized for f in sorted(functions, key=lambda f: f.name)] == [False, True]
+    code, out = run(tmp_path, capsys, log(serialized_in="_Z8kernel_bv"))
+    assert code == 1 and "wgmma serialized" in out.err and "kernel_b" in out.err
