@@ -714,12 +714,14 @@ DSV4_SM90_DEVICE void quad_permute(const uint32_t (&x)[4], int q, uint32_t (&y)[
 
 // Lane q of a quad holds word j = columns 8 j + 2 q, +1 of four n8 tiles; returns the four words of tile q (its 16
 // contiguous bytes): a 4 x 4 transpose over the quad in three exchanges, each lane sending the word its partner needs.
+// The exchanges name the quad's lanes only: a quad shares its row, and the quads of rows past h_q do not take part.
 DSV4_SM90_DEVICE uint4 quad_transpose(const uint32_t (&w)[4], int q) {
+  const uint32_t quad = 0xfu << (threadIdx.x & 28);
   uint32_t u[4], r[4], v[4];
   quad_permute(w, q, u);  // u[i]: the word lane q ^ i needs
   r[0] = u[0];
 #pragma unroll
-  for (int i = 1; i < 4; ++i) r[i] = __shfl_xor_sync(0xffffffffu, u[i], i);  // lane q ^ i's word q
+  for (int i = 1; i < 4; ++i) r[i] = __shfl_xor_sync(quad, u[i], i);  // lane q ^ i's word q
   quad_permute(r, q, v);
   return make_uint4(v[0], v[1], v[2], v[3]);
 }
