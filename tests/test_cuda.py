@@ -211,6 +211,7 @@ PREFILL_CASES = [
     (PrefillCase(s_q=700, h_q=64, s_kv=1500, topk=640, topk_length=True), 0),
     (PrefillCase(s_q=300, h_q=128, s_kv=3000, topk=1152, index_dtype=torch.int64), 0),
     (PrefillCase(s_q=400, h_q=16, s_kv=900, topk=200, topk_length=True, sink=False), 0),
+    (PrefillCase(s_q=400, h_q=20, s_kv=700, topk=128, topk_length=True), 0),  # heads ending inside a warp's rows
     (PrefillCase(s_q=50, h_q=64, s_kv=700, topk=512), 3),
 ]
 

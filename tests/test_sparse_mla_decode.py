@@ -284,6 +284,13 @@ def test_batch_of_whole_requests(isa):
                                           topk_length=True, extra_topk_length=True)))
 
 
+def test_whole_requests_with_heads_ending_inside_a_warp(isa):
+    # As above (CTAs finish several whole requests; on Hopper their rows leave by 16-byte stores whose transposes
+    # take every lane of a warp), with 20 heads: the second warp's rows past h_q write nothing.
+    check_decode(decode_inputs(DecodeCase(b=300, s_q=1, h_q=20, topk=64, page=64, extra_topk=64, extra_page=16,
+                                          topk_length=True)))
+
+
 @pytest.mark.parametrize("case", [
     # Two head groups (two CTAs per query on the GPU tiers) with several tiles per request: pages only 8-byte
     # aligned, ragged lengths, a second group of 36 heads, and more requests than a plan has partitions.

@@ -714,28 +714,28 @@ DSV4_SM90_DEVICE void quad_permute(const uint32_t (&x)[4], int q, uint32_t (&y)[
 
 // Lane q of a quad holds word j = columns 8 j + 2 q, +1 of four n8 tiles; returns the four words of tile q (its 16
 // contiguous bytes): a 4 x 4 transpose over the quad in three exchanges, each lane sending the word its partner needs.
-// The exchanges name the quad's lanes only: a quad shares its row, and the quads of rows past h_q do not take part.
 DSV4_SM90_DEVICE uint4 quad_transpose(const uint32_t (&w)[4], int q) {
-  const uint32_t quad = 0xfu << (threadIdx.x & 28);
   uint32_t u[4], r[4], v[4];
   quad_permute(w, q, u);  // u[i]: the word lane q ^ i needs
   r[0] = u[0];
 #pragma unroll
-  for (int i = 1; i < 4; ++i) r[i] = __shfl_xor_sync(quad, u[i], i);  // lane q ^ i's word q
+  for (int i = 1; i < 4; ++i) r[i] = __shfl_xor_sync(0xffffffffu, u[i], i);  // lane q ^ i's word q
   quad_permute(r, q, v);
   return make_uint4(v[0], v[1], v[2], v[3]);
 }
 
 // Row r of this thread's O fragments, scaled, into `row` (this warpgroup's 256 dims) as 16-byte stores of whole
 // sectors: each lane of a quad writes one n8 tile of every four (4-byte stores of the fragments write half sectors,
-// with four times the store instructions).
+// with four times the store instructions). Every lane of the warp takes part in the transposes; a null `row` (a
+// row past h_q) stores nothing.
 DSV4_SM90_DEVICE void store_row_wide(const RowState& st, int r, float scale, int q, uint16_t* row) {
 #pragma unroll
   for (int g = 0; g < kValueTiles / 4; ++g) {
     uint32_t w[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) w[j] = pack_bf16x2(st.o[4 * g + j][2 * r] * scale, st.o[4 * g + j][2 * r + 1] * scale);
-    *reinterpret_cast<uint4*>(row + 8 * (4 * g + q)) = quad_transpose(w, q);
+    const uint4 words = quad_transpose(w, q);
+    if (row != nullptr) *reinterpret_cast<uint4*>(row + 8 * (4 * g + q)) = words;
   }
 }
 
@@ -755,7 +755,7 @@ DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& p
                                   int row_group, int half, int lane, RowState& st, float* max_logits,
                                   const uint8_t* smem, uint8_t* stage) {
   const PieceTarget& target = piece.target;
-  const bool wide = out_rows_aligned(p);
+  const bool wide_rows = kSingle && kWide && stage == nullptr && out_rows_aligned(p);  // uniform: store_row_wide
   const float* sink_logits = reinterpret_cast<const float*>(smem + kSinkOffset);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -763,7 +763,8 @@ DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& p
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     const int64_t head = head0 + 16 * row_group + (lane >> 2) + 8 * r;
-    if (head >= p.h_q) continue;
+    const bool valid = head < p.h_q;  // rows past h_q write nothing, but take part in the wide stores' shuffles
+    if (!valid && !wide_rows) continue;
     const float max = st.max[r] * kLn2;  // the weights' offset, kept in the log2 domain
     const float sink = sink_logits[16 * row_group + (lane >> 2) + 8 * r];  // used only with a sink and a weight
     const mla::RowFinish f = kSingle ? mla::finish_output_row(max, sum, p.attn_sink != nullptr, sink, st.peak[r] * kLn2)
@@ -771,9 +772,11 @@ DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& p
     const int64_t dim0 = int64_t(kHalfDim) * half + 2 * (lane & 3);
     const bool writes_lse = half == 0 && (lane & 3) == 0;
     if constexpr (kSingle) {
-      uint16_t* out_row = p.out + ((piece.r * p.s_q + s) * p.h_q + head) * kDim + int64_t(kHalfDim) * half;
-      if (kWide && stage == nullptr && wide) {
+      uint16_t* out_row =
+          valid ? p.out + ((piece.r * p.s_q + s) * p.h_q + head) * kDim + int64_t(kHalfDim) * half : nullptr;
+      if (wide_rows) {
         store_row_wide(st, r, f.out_scale, lane & 3, out_row);
+        if (!valid) continue;
       } else {
         uint16_t* out = stage != nullptr ? reinterpret_cast<uint16_t*>(stage + (head - head0) * kStageRowBytes) + dim0
                                          : out_row + 2 * (lane & 3);
