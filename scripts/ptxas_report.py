@@ -1,8 +1,9 @@
 """Filters an nvcc -Xptxas=-v build log down to registers / stack / spills per function of one architecture.
 
 Usage: ptxas_report.py LOG [--arch sm_90a]. Prints one line per function compiled for that architecture and exits
-1 when any of them spills (spill stores or loads > 0) or has its wgmma instructions serialized (ptxas C751x: too
-few registers for the wgmma pipeline, each product then waits for the one before), 0 otherwise.
+1 when any of them spills (spill stores or loads > 0), has its wgmma instructions serialized (ptxas C751x, e.g. too
+few registers for the wgmma pipeline: each product then waits for the one before) or has its setmaxnreg dropped
+(C7507: ptxas keeps the launch's register count instead), 0 otherwise. None of these shows as a spill.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ PROPERTIES = re.compile(r"ptxas info\s*: Function properties for (\S+)")
 FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 REGISTERS = re.compile(r"ptxas info\s*: Used (\d+) registers")
 SERIALIZED = re.compile(r"wgmma\.mma_async instructions are serialized.*function '([^']+)'")
+SETMAXNREG_IGNORED = re.compile(r"'setmaxnreg' ignored")
 
 
 @dataclass
@@ -31,6 +33,7 @@ class Function:
     spill_stores: int = 0
     spill_loads: int = 0
     serialized: bool = False
+    setmaxnreg_ignored: bool = False
 
     @property
     def spills(self) -> bool:
@@ -57,8 +60,12 @@ def parse(lines, arch: str) -> list[Function]:
             pending = None
         elif (m := REGISTERS.search(line)) and entry is not None:
             entry.registers = int(m.group(1))
-        elif (m := SERIALIZED.search(line)) and entry is not None and m.group(1) == entry.name:
-            entry.serialized = True
+        elif (m := SERIALIZED.search(line)) and current_arch in (None, arch):
+            # the message names the function: the entry being compiled or a function it calls
+            functions.setdefault(m.group(1), Function(m.group(1), entry is not None and entry.name == m.group(1)))
+            functions[m.group(1)].serialized = True
+        elif SETMAXNREG_IGNORED.search(line) and entry is not None:
+            entry.setmaxnreg_ignored = True
     return list(functions.values())
 
 
@@ -82,6 +89,7 @@ def main() -> int:
         regs = "-" if f.registers is None else str(f.registers)
         kind = "kernel" if f.entry else "device"
         serial = "  wgmma serialized" if f.serialized else ""
+        serial += "  setmaxnreg ignored" if f.setmaxnreg_ignored else ""
         print(f"{args.arch} {kind} regs {regs:>3} stack {f.stack:>5} B spill st/ld {f.spill_stores}/{f.spill_loads} B"
               f"{serial}  {names[f.name]}")
     failed = 0
@@ -93,8 +101,13 @@ def main() -> int:
     if serialized:
         print(f"ptxas_report: wgmma serialized in {'; '.join(serialized)}", file=sys.stderr)
         failed = 1
+    ignored = [names[f.name] for f in functions if f.setmaxnreg_ignored]
+    if ignored:
+        print(f"ptxas_report: setmaxnreg ignored in {'; '.join(ignored)}", file=sys.stderr)
+        failed = 1
     if not failed:
-        print(f"ptxas_report: {len(functions)} {args.arch} function(s), none spills, no wgmma serialized")
+        print(f"ptxas_report: {len(functions)} {args.arch} function(s), none spills, no wgmma serialized, "
+              "setmaxnreg kept")
     return failed
 
 

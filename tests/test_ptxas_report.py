@@ -1,4 +1,5 @@
-"""The ptxas -v log filter behind the CUDA compile check (scripts/ptxas_report.py): spills and serialized wgmma fail."""
+"""The ptxas -v log filter behind the CUDA compile check (scripts/ptxas_report.py): spills, serialized wgmma and a
+dropped setmaxnreg fail, each on the function it concerns and only for the architecture asked for."""
 
 import importlib.util
 import sys
@@ -11,7 +12,8 @@ sys.modules["ptxas_report"] = ptxas_report  # its dataclasses look their module 
 _spec.loader.exec_module(ptxas_report)
 
 
-def log(kernel_b_frame="0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", serialized_in=None):
+def log(kernel_b_frame="0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", serialized_in=None,
+        setmaxnreg_ignored=False):
     lines = [
         "ptxas info    : Compiling entry function '_Z8kernel_av' for 'sm_90a'",
         "ptxas info    : Function properties for _Z8kernel_av",
@@ -22,6 +24,8 @@ def log(kernel_b_frame="0 bytes stack frame, 0 bytes spill stores, 0 bytes spill
     if serialized_in is not None:
         lines.append("ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized"
                      f" due to insufficient register resources for the function '{serialized_in}'")
+    if setmaxnreg_ignored:
+        lines.append("ptxas info    : (C7507) 'setmaxnreg' ignored to maintain minimum register requirements.")
     lines += [
         "ptxas info    : Function properties for _Z8kernel_bv",
         f"    {kernel_b_frame}",
@@ -33,27 +37,42 @@ def log(kernel_b_frame="0 bytes stack frame, 0 bytes spill stores, 0 bytes spill
     return lines
 
 
-def run(tmp_path, capsys, lines):
+def run(tmp_path, capsys, monkeypatch, lines):
     path = tmp_path / "build.log"
     path.write_text("\n".join(lines) + "\n")
-    sys.argv = ["ptxas_report.py", str(path), "--arch", "sm_90a"]
+    monkeypatch.setattr(sys, "argv", ["ptxas_report.py", str(path), "--arch", "sm_90a"])
     code = ptxas_report.main()
     return code, capsys.readouterr()
 
 
-def test_clean_log_passes_and_other_archs_are_ignored(tmp_path, capsys):
-    code, out = run(tmp_path, capsys, log())
+def test_clean_log_passes_and_other_archs_are_ignored(tmp_path, capsys, monkeypatch):
+    code, out = run(tmp_path, capsys, monkeypatch, log())
     assert code == 0
-    assert "2 sm_90a function(s), none spills, no wgmma serialized" in out.out
+    assert "2 sm_90a function(s), none spills, no wgmma serialized, setmaxnreg kept" in out.out
 
 
-def test_spill_fails(tmp_path, capsys):
-    code, out = run(tmp_path, capsys, log("16 bytes stack frame, 12 bytes spill stores, 12 bytes spill loads"))
+def test_spill_fails(tmp_path, capsys, monkeypatch):
+    code, out = run(tmp_path, capsys, monkeypatch,
+                    log("16 bytes stack frame, 12 bytes spill stores, 12 bytes spill loads"))
     assert code == 1 and "spill" in out.err and "kernel_b" in out.err
 
 
-def test_serialized_wgmma_fails(tmp_path, capsys):
+def test_serialized_wgmma_fails(tmp_path, capsys, monkeypatch):
     functions = ptxas_report.parse(log(serialized_in="_Z8kernel_bv"), "sm_90a")
     assert [f.serialized for f in sorted(functions, key=lambda f: f.name)] == [False, True]
-    code, out = run(tmp_path, capsys, log(serialized_in="_Z8kernel_bv"))
+    code, out = run(tmp_path, capsys, monkeypatch, log(serialized_in="_Z8kernel_bv"))
     assert code == 1 and "wgmma serialized" in out.err and "kernel_b" in out.err
+
+
+def test_serialized_wgmma_in_a_called_function_fails(tmp_path, capsys, monkeypatch):
+    # ptxas names the function whose products it serialized: a device function the kernel calls counts too
+    functions = {f.name: f for f in ptxas_report.parse(log(serialized_in="_Z6devicev$83"), "sm_90a")}
+    assert functions["_Z6devicev$83"].serialized and not functions["_Z6devicev$83"].entry
+    assert not functions["_Z8kernel_bv"].serialized
+    code, out = run(tmp_path, capsys, monkeypatch, log(serialized_in="_Z6devicev$83"))
+    assert code == 1 and "wgmma serialized" in out.err
+
+
+def test_dropped_setmaxnreg_fails(tmp_path, capsys, monkeypatch):
+    code, out = run(tmp_path, capsys, monkeypatch, log(setmaxnreg_ignored=True))
+    assert code == 1 and "setmaxnreg ignored" in out.err and "kernel_b" in out.err

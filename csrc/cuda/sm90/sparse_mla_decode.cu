@@ -34,8 +34,8 @@ constexpr int kPublishThreadsPerEntry = kGroupThreads / kTile;
 constexpr int kScorer = 0, kDecoder = 2;  // warpgroup 0 scores, 1 values and publishes, 2 and 3 decode
 // setmaxnreg per role. kWideValuer: the valuer takes 192 registers for its rows' 16-byte stores (store_row_wide)
 // and the decoders run at 64 (copying bf16 rows, the prefill, needs no more); otherwise the fp8 decoders take 72.
-// The fp8 kernel comes in both shapes: with one request per CTA (its only piece's rows are staged, none go out that
-// way) the 72-register decoders measured 1.6% faster, with several requests per CTA the wide stores 1.6-3.2%.
+// The fp8 kernel comes in both shapes: with no more requests than partitions (a CTA's last piece is staged, and most
+// CTAs have one) the 72-register decoders measured 1.6% faster, with more the wide stores 1.6-3.2% (docs/perf.md).
 template <bool kWideValuer>
 struct RoleRegs {
   static constexpr int kScorer = 192, kValuer = kWideValuer ? 192 : 176, kDecoder = kWideValuer ? 64 : 72;
@@ -763,8 +763,10 @@ DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& p
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     const int64_t head = head0 + 16 * row_group + (lane >> 2) + 8 * r;
-    const bool valid = head < p.h_q;  // rows past h_q write nothing, but take part in the wide stores' shuffles
-    if (!valid && !wide_rows) continue;
+    // Rows past h_q write nothing; where the wide stores run, those of a warp that has valid rows still take part in
+    // their shuffles (a warp's rows for r are head0 + 16 row_group + 8 r + 0..7).
+    const bool valid = head < p.h_q, warp_past = head0 + 16 * row_group + 8 * r >= p.h_q;
+    if (!valid && (!wide_rows || warp_past)) continue;
     const float max = st.max[r] * kLn2;  // the weights' offset, kept in the log2 domain
     const float sink = sink_logits[16 * row_group + (lane >> 2) + 8 * r];  // used only with a sink and a weight
     const mla::RowFinish f = kSingle ? mla::finish_output_row(max, sum, p.attn_sink != nullptr, sink, st.peak[r] * kLn2)
