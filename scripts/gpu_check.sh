@@ -3,7 +3,8 @@
 # place, runs every CUDA test (the CPU test grids on the "cuda" tiers, opcheck on CUDA, graphs, compile) and the
 # GPU bench, and writes logs plus a summary under $OUT (default build/gpu_check).
 #   GPU_CHECK_TESTS=0 skips the tests, GPU_CHECK_BENCH=0 the bench, GPU_CHECK_QUICK=1 runs the quick bench,
-#   GPU_CHECK_FULL_GRID=1 adds the full FlashMLA-style attention grids, PYTEST_ARGS adds pytest arguments.
+#   GPU_CHECK_FULL_GRID=1 adds the full FlashMLA-style attention grids, PYTEST_ARGS adds pytest arguments,
+#   GPU_CHECK_TEST_TIMEOUT (seconds, default 420) bounds the tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/gpu_check}
@@ -32,10 +33,13 @@ if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
   start=$(date +%s)
   [ "${GPU_CHECK_FULL_GRID:-0}" = 1 ] && export DSV4_FULL_GRID=1
   xdist=$($PY -c "import xdist" 2>/dev/null && echo "-n 8")
+  # Under a time limit (GPU_CHECK_TEST_TIMEOUT seconds, default 420), so that a slow or stuck test still leaves the
+  # bench its turn; -v logs each test as it ends (a cut run shows which had not), --durations the slowest of a run.
   # shellcheck disable=SC2086
-  $PY -m pytest -q -rfE -p no:cacheprovider $xdist -k cuda tests ${PYTEST_ARGS:-} \
-    > "$OUT/tests.log" 2>&1
+  timeout "${GPU_CHECK_TEST_TIMEOUT:-420}" $PY -m pytest -v -rfE -p no:cacheprovider --durations=15 $xdist -k cuda \
+    tests ${PYTEST_ARGS:-} > "$OUT/tests.log" 2>&1
   rc=$?
+  [ "$rc" = 124 ] && echo "cut at ${GPU_CHECK_TEST_TIMEOUT:-420} s (GPU_CHECK_TEST_TIMEOUT)" >> "$OUT/tests.log"
   summary "tests: rc=$rc in $(( $(date +%s) - start )) s: $(tail -1 "$OUT/tests.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -60
 fi

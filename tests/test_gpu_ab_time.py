@@ -50,3 +50,10 @@ def test_run_takes_a_known_case_only(capsys):
     assert gpu_ab_time.main(["run", "build/python", "no_such_case"]) == 2
     assert gpu_ab_time.main(["run", "build/python"]) == 2
     assert "run PYTHON_DIR CASE" in capsys.readouterr().err
+
+
+def test_time_refuses_an_unknown_case_before_timing_any(capsys):
+    """`time` checks every label first: a typo among them must not cost the device time of the cases before it."""
+    assert gpu_ab_time.main(["time", "build/python", "base", "1", "B1", "B64"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown case(s) B64" in err and "B128" in err

@@ -120,6 +120,10 @@ def table(times: dict[tuple[str, str], list[float]], hashes: dict[tuple[str, str
 
 def main(argv: list[str]) -> int:
     if len(argv) >= 4 and argv[0] == "time":
+        unknown = [label for label in argv[4:] if label not in CASES]
+        if unknown:  # before any case runs: a typo must not cost the cases before it
+            print(f"unknown case(s) {' '.join(unknown)}; known: {' '.join(CASES)}", file=sys.stderr)
+            return 2
         time_cases(argv[1], argv[2], int(argv[3]), argv[4:] or list(DEFAULT_CASES))
         return 0
     if len(argv) in (3, 4) and argv[0] == "run" and argv[2] in CASES:
