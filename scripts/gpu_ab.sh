@@ -27,7 +27,9 @@ failed=0
 for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
 [ "$failed" = 0 ] || { echo "a build failed: see $OUT/build_*.txt" >&2; exit 1; }
 for name in "${names[@]}"; do
-  echo "$name: $(grep -c "[1-9][0-9]* bytes spill" "$OUT/build_$name.txt") kernel(s) with spills"
+  for arch in "sm_$ARCH" sm_90a; do  # the compile check's filter: spills, serialized wgmma, a dropped setmaxnreg
+    echo "$name: $("$PY" scripts/ptxas_report.py "$OUT/build_$name.txt" --arch "$arch" 2>&1 | grep "^ptxas_report:")"
+  done
   [ "$name" = "${names[0]}" ] || cp "build/ab_${names[0]}/python/dsv4/_C.abi3.so" "build/ab_$name/python/dsv4/"
 done
 : > "$OUT/ab.txt"
