@@ -762,13 +762,14 @@ DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& p
     float sum = st.sum[r];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const int64_t head = head0 + 16 * row_group + (lane >> 2) + 8 * r;
+    const int row = 16 * row_group + 8 * r + (lane >> 2);  // of the CTA's 64 heads; a warp's rows for r: 8 in a run
+    const int64_t head = head0 + row;
     // Rows past h_q write nothing; where the wide stores run, those of a warp that has valid rows still take part in
-    // their shuffles (a warp's rows for r are head0 + 16 row_group + 8 r + 0..7).
-    const bool valid = head < p.h_q, warp_past = head0 + 16 * row_group + 8 * r >= p.h_q;
+    // their shuffles.
+    const bool valid = head < p.h_q, warp_past = head - (lane >> 2) >= p.h_q;
     if (!valid && (!wide_rows || warp_past)) continue;
     const float max = st.max[r] * kLn2;  // the weights' offset, kept in the log2 domain
-    const float sink = sink_logits[16 * row_group + (lane >> 2) + 8 * r];  // used only with a sink and a weight
+    const float sink = sink_logits[row];  // used only with a sink and a weight
     const mla::RowFinish f = kSingle ? mla::finish_output_row(max, sum, p.attn_sink != nullptr, sink, st.peak[r] * kLn2)
                                      : mla::finish_partial_row(max, sum);
     const int64_t dim0 = int64_t(kHalfDim) * half + 2 * (lane & 3);
@@ -780,7 +781,7 @@ DSV4_SM90_DEVICE void finish_rows(const SparseMlaDecodeParams& p, const Piece& p
         store_row_wide(st, r, f.out_scale, lane & 3, out_row);
         if (!valid) continue;
       } else {
-        uint16_t* out = stage != nullptr ? reinterpret_cast<uint16_t*>(stage + (head - head0) * kStageRowBytes) + dim0
+        uint16_t* out = stage != nullptr ? reinterpret_cast<uint16_t*>(stage + row * kStageRowBytes) + dim0
                                          : out_row + 2 * (lane & 3);
 #pragma unroll
         for (int t = 0; t < kValueTiles; ++t)
