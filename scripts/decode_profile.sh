@@ -11,9 +11,4 @@ DECODE_BENCH_BUILD_ONLY=1 bash scripts/decode_bench.sh
 # shellcheck disable=SC2206
 shape=(${*:-128 64 512 128})
 # The harness launches each tier reps times after a cold flush; the second sm90 launch is profiled.
-ncu --clock-control none --cache-control all --kernel-name regex:sparse_mla_decode_sm90 --launch-skip 1 \
-  --launch-count 1 --set full --import-source no -f -o "$OUT/decode" \
-  build/decode_bench/decode_bench "${shape[@]}" 3 > "$OUT/ncu.txt" 2>&1
-ncu --import "$OUT/decode.ncu-rep" --page source --csv --print-source sass > "$OUT/sass.csv"
-ncu --import "$OUT/decode.ncu-rep" --page details > "$OUT/details.txt"
-python3 tools/ncu_stalls.py "$OUT/sass.csv" | tee "$OUT/stalls.txt"
+scripts/ncu_profile.sh "$OUT" decode sparse_mla_decode_sm90 build/decode_bench/decode_bench "${shape[@]}" 3

@@ -3,7 +3,8 @@
 # tools/gpu_ab_time.py (default pf64, the bf16 prefill at h = 64), run three times with the second launch of the
 # kernel matching GPU_PROFILE_KERNEL (default the Hopper attention kernel) profiled with warp-state samples per
 # SASS instruction and a cold cache; writes the SASS export, the details page and a stall summary by code region
-# (tools/ncu_stalls.py) under $OUT (default build/gpu_profile). Builds this tree into build/profile first.
+# (tools/ncu_stalls.py) under $OUT (default build/gpu_profile; scripts/ncu_profile.sh). Builds this tree into
+# build/profile first.
 #   scripts/gpu_profile.sh [CASE]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,10 +14,6 @@ mkdir -p "$OUT"
 case_name=${1:-pf64}
 build_package build/profile "" > "$OUT/build.txt" 2>&1
 pkg="$PWD/build/profile/python"
-ncu --clock-control none --cache-control all --kernel-name "regex:${GPU_PROFILE_KERNEL:-sparse_mla_decode_sm90}" \
-  --launch-skip 1 --launch-count 1 --set full --import-source no -f -o "$OUT/profile" \
-  "$PY" tools/gpu_ab_time.py run "$pkg" "$case_name" 3 > "$OUT/ncu.txt" 2>&1
-ncu --import "$OUT/profile.ncu-rep" --page source --csv --print-source sass > "$OUT/sass.csv"
-ncu --import "$OUT/profile.ncu-rep" --page details > "$OUT/details.txt"
-rm -f "$OUT/profile.ncu-rep"  # large; the exports above hold what the summary reads
-"$PY" tools/ncu_stalls.py "$OUT/sass.csv" | tee "$OUT/stalls.txt"
+scripts/ncu_profile.sh "$OUT" profile "${GPU_PROFILE_KERNEL:-sparse_mla_decode_sm90}" \
+  "$PY" tools/gpu_ab_time.py run "$pkg" "$case_name" 3
+rm -f "$OUT/profile.ncu-rep"  # large; the exports hold what the summary reads
