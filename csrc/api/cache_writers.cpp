@@ -30,10 +30,11 @@ void quantize_kv_insert(Tensor kv, Tensor slot_mapping, Tensor kv_cache, int64_t
   p.slots = index_view({op, "slot_mapping"}, slot_mapping, 1);
   check_size({op, "slot_mapping"}, slot_mapping, 0, kv.size(0));
   p.cache = paged_cache({op, "kv_cache"}, kv_cache, block_size, bytes_per_entry(p.layout));
+  check_no_overlap(op, "kv_cache", kv_cache, {{"kv", &kv}, {"slot_mapping", &slot_mapping}});
   p.kv = kv.const_data_ptr();
   p.num_tokens = kv.size(0);
   p.kv_stride = kv.stride(0);
-  check_slots_in_range({op, "slot_mapping"}, p.slots, p.num_tokens, p.cache.num_blocks * block_size);
+  check_write_slots({op, "slot_mapping"}, p.slots, p.num_tokens, p.cache.num_blocks * block_size);
   backend_kernels().quantize_kv_insert(p);
 }
 
@@ -85,6 +86,11 @@ void qnorm_rope_kv_insert(Tensor q, Tensor kv, Tensor positions, Tensor cos_sin_
   check_size({op, "q_out"}, q_out, 0, q.size(0));
   check_size({op, "q_out"}, q_out, 2, kModel1HeadDim);
   DSV4_CHECK(q_out.size(1) >= q.size(1), op, "argument 'q_out' has ", q_out.size(1), " heads, fewer than q's ", q.size(1));
+  check_positive({op, "eps"}, double(float(eps)));  // the kernels compute in fp32
+  check_no_overlap(op, "q_out", q_out, {{"q", &q}, {"kv", &kv}, {"kv_cache", &kv_cache}, {"positions", &positions},
+                                        {"cos_sin_cache", &cos_sin_cache}, {"slot_mapping", &slot_mapping}});
+  check_no_overlap(op, "kv_cache", kv_cache, {{"q", &q}, {"kv", &kv}, {"positions", &positions},
+                                              {"cos_sin_cache", &cos_sin_cache}, {"slot_mapping", &slot_mapping}});
   p.q = q.const_data_ptr();
   p.num_tokens = q.size(0), p.num_heads = q.size(1), p.q_stride_t = q.stride(0), p.q_stride_h = q.stride(1);
   p.q_out = q_out.data_ptr();
@@ -94,7 +100,7 @@ void qnorm_rope_kv_insert(Tensor q, Tensor kv, Tensor positions, Tensor cos_sin_
   p.kv_stride_t = kv.stride(0);
   p.eps = float(eps);
   check_values_in_range({op, "positions"}, p.positions, p.num_tokens, p.rope.rows);
-  check_slots_in_range({op, "slot_mapping"}, p.slots, p.num_kv_tokens, p.cache.num_blocks * block_size);
+  check_write_slots({op, "slot_mapping"}, p.slots, p.num_kv_tokens, p.cache.num_blocks * block_size);
   backend_kernels().qnorm_rope_kv_insert(p);
 }
 
@@ -110,10 +116,11 @@ void indexer_k_quant_insert(Tensor k, Tensor slot_mapping, Tensor kv_cache, int6
   p.slots = index_view({op, "slot_mapping"}, slot_mapping, 1);
   check_size({op, "slot_mapping"}, slot_mapping, 0, k.size(0));
   p.cache = paged_cache({op, "kv_cache"}, kv_cache, block_size, kIndexerBytesPerEntry);
+  check_no_overlap(op, "kv_cache", kv_cache, {{"k", &k}, {"slot_mapping", &slot_mapping}});
   p.k = k.const_data_ptr();
   p.num_tokens = k.size(0);
   p.k_stride = k.stride(0);
-  check_slots_in_range({op, "slot_mapping"}, p.slots, p.num_tokens, p.cache.num_blocks * block_size);
+  check_write_slots({op, "slot_mapping"}, p.slots, p.num_tokens, p.cache.num_blocks * block_size);
   backend_kernels().indexer_k_quant_insert(p);
 }
 
@@ -144,6 +151,10 @@ void indexer_q_rope_quant(Tensor q, Tensor positions, Tensor cos_sin_cache, Tens
   check_contiguous({op, "weights_out"}, weights_out);
   DSV4_CHECK(weights_out.dim() == 2 && weights_out.size(0) == q.size(0) && weights_out.size(1) == q.size(1), op,
              "argument 'weights_out' must have shape [", q.size(0), ", ", q.size(1), "], got ", shape_str(weights_out));
+  check_no_overlap(op, "q_fp8", q_fp8, {{"q", &q}, {"positions", &positions}, {"cos_sin_cache", &cos_sin_cache},
+                                        {"weights", &weights}, {"weights_out", &weights_out}});
+  check_no_overlap(op, "weights_out", weights_out, {{"q", &q}, {"positions", &positions},
+                                                    {"cos_sin_cache", &cos_sin_cache}, {"weights", &weights}});
   p.q = q.const_data_ptr();
   p.num_tokens = q.size(0), p.num_heads = q.size(1), p.q_stride_t = q.stride(0), p.q_stride_h = q.stride(1);
   p.weights = static_cast<const float*>(weights.const_data_ptr());

@@ -1,4 +1,10 @@
 #include "api/checks.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
+
 #include "api/backend.h"
 
 namespace dsv4::api {
@@ -49,6 +55,45 @@ void check_positive(Arg a, int64_t value) {
   DSV4_CHECK(value > 0, a.op, "argument '", a.name, "' must be positive, got ", value);
 }
 
+void check_positive(Arg a, double value) {
+  DSV4_CHECK(value > 0 && std::isfinite(value), a.op, "argument '", a.name, "' must be positive and finite, got ", value);
+}
+
+namespace {
+// First and one-past-last byte addresses an element of t can occupy (strides are never negative in torch).
+std::pair<uintptr_t, uintptr_t> byte_span(const Tensor& t) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(t.data_ptr());
+  uintptr_t last = first;
+  for (int64_t d = 0; d < t.dim(); ++d) last += uintptr_t(t.size(d) - 1) * uintptr_t(t.stride(d)) * t.element_size();
+  return {first, last + t.element_size()};
+}
+}  // namespace
+
+void check_no_overlap(const char* op, const char* out_name, const Tensor& out,
+                      std::initializer_list<std::pair<const char*, const Tensor*>> others) {
+  if (out.numel() == 0) return;
+  const auto [out_first, out_end] = byte_span(out);
+  for (const auto& [name, t] : others) {
+    if (!t || t->numel() == 0) continue;
+    const auto [first, end] = byte_span(*t);
+    DSV4_CHECK(out_end <= first || end <= out_first, op, "argument '", out_name, "' overlaps argument '", name,
+               "' in memory; outputs must not share storage with the inputs or the other outputs");
+  }
+}
+
+Tensor float_output(Arg sized_by, int64_t rows, int64_t cols, const Tensor& like) {
+  int64_t bytes = 0;
+  const bool overflows = __builtin_mul_overflow(rows, cols, &bytes) || __builtin_mul_overflow(bytes, int64_t(4), &bytes);
+  DSV4_CHECK(!overflows, sized_by.op, "argument '", sized_by.name, "' asks for an fp32 output of [", rows, ", ", cols,
+             "], more bytes than a tensor can hold");
+  try {
+    return torch::stable::empty({rows, cols}, ScalarType::Float, std::nullopt, like.device());
+  } catch (const std::exception&) {
+    DSV4_CHECK(false, sized_by.op, "argument '", sized_by.name, "' asks for an fp32 output of [", rows, ", ", cols, "] (",
+               double(bytes) / double(int64_t(1) << 30), " GiB), which could not be allocated");
+  }
+}
+
 DType dtype_of(ScalarType s) {
   return s == ScalarType::BFloat16 ? DType::bf16 : (s == ScalarType::Half ? DType::f16 : DType::f32);
 }
@@ -83,7 +128,19 @@ PagedCache paged_cache(Arg a, const Tensor& t, int64_t block_size, int64_t bytes
   }
   // Compared by division: block_size * bytes_per_entry could wrap around for a huge block_size.
   DSV4_CHECK(block_size <= page_bytes / bytes_per_entry, a.op, "argument '", a.name, "' pages hold ", page_bytes,
-             " bytes, fewer than block_size ", block_size, " entries of ", bytes_per_entry, " bytes");
+             " bytes, fewer than block_size ", block_size, " ", record_name(bytes_per_entry), " entries of ",
+             bytes_per_entry, " bytes");
+  // The cache carries its geometry: a view with an entry axis names block_size, and a page is exactly
+  // block_size entries, unpadded or padded to one of the alignments engines use.
+  DSV4_CHECK(t.dim() < 3 || t.size(1) == block_size, a.op, "argument '", a.name, "' has ", t.size(1),
+             " entries per page (dimension 1 of shape ", shape_str(t), "), but block_size is ", block_size);
+  const int64_t raw = block_size * bytes_per_entry;
+  DSV4_CHECK(page_bytes == raw || page_bytes == round_up(raw, kPageAlignments[0]) ||
+                 page_bytes == round_up(raw, kPageAlignments[1]),
+             a.op, "argument '", a.name, "' pages hold ", page_bytes, " bytes, but block_size ", block_size, " ",
+             record_name(bytes_per_entry), " entries of ", bytes_per_entry, " bytes make a page of ", raw, " bytes (",
+             round_up(raw, kPageAlignments[0]), " or ", round_up(raw, kPageAlignments[1]), " padded to a multiple of ",
+             kPageAlignments[0], " or ", kPageAlignments[1], "): block_size or the record format does not match the cache");
   DSV4_CHECK(t.size(0) <= 1 || t.stride(0) >= page_bytes, a.op, "argument '", a.name, "' page stride ", t.stride(0),
              " is smaller than the page size ", page_bytes);
   PagedCache c;
@@ -109,12 +166,33 @@ RopeTable rope_table(Arg a, const Tensor& t, int64_t rope_dim) {
   return r;
 }
 
-void check_slots_in_range(Arg a, const IndexView& v, int64_t n, int64_t capacity) {
-  for (int64_t i = 0; kHostReadsValues && i < n; ++i) {
+void check_write_slots(Arg a, const IndexView& v, int64_t n, int64_t capacity) {
+  if (!kHostReadsValues) return;
+  std::vector<std::pair<int64_t, int64_t>> used;  // (slot, entry), to find repeats by sorting
+  used.reserve(n);
+  for (int64_t i = 0; i < n; ++i) {
     const int64_t s = index_at(v, i);
     DSV4_CHECK(s == -1 || (s >= 0 && s < capacity), a.op, "argument '", a.name, "' entry ", i, " is ", s,
                "; slots must be -1 (skip) or in [0, ", capacity, ") for this cache");
+    if (s >= 0) used.emplace_back(s, i);
   }
+  std::sort(used.begin(), used.end());
+  for (size_t i = 1; i < used.size(); ++i)
+    DSV4_CHECK(used[i].first != used[i - 1].first, a.op, "argument '", a.name, "' entries ", used[i - 1].second,
+               " and ", used[i].second, " both write slot ", used[i].first, "; each slot may be written once per call");
+}
+
+void check_table_slots_fit(Arg table, const IndexView& v, int64_t rows, int64_t cols, int64_t block_size, int64_t limit,
+                           const char* output) {
+  if (!kHostReadsValues) return;
+  const int64_t max_block = (limit - (block_size - 1)) / block_size;  // the largest entry whose last slot fits
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t e = index_at(v, r, c);
+      DSV4_CHECK(block_size <= limit && e <= max_block, table.op, "argument '", table.name, "' entry [", r, ", ", c,
+                 "] is ", e, ": with block size ", block_size, " its slots reach ", double(e) * double(block_size),
+                 ", past the largest ", output, " can hold (", limit, ")");
+    }
 }
 
 void check_values_in_range(Arg a, const IndexView& v, int64_t n, int64_t limit) {

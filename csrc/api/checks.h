@@ -26,6 +26,18 @@ constexpr int64_t kModel1HeadDim = 512, kModel1BytesPerEntry = 584;
 constexpr int64_t kV32HeadDim = 576, kV32BytesPerEntry = 656;
 constexpr int64_t kIndexerHeadDim = 128, kIndexerBytesPerEntry = 132;
 
+// Page alignments engines pad cache pages to (vLLM: 576 with fp8_ds_mla caches, 512 otherwise).
+constexpr int64_t kPageAlignments[2] = {512, 576};
+inline int64_t round_up(int64_t x, int64_t multiple) { return (x + multiple - 1) / multiple * multiple; }
+
+// The record format an entry size belongs to, for messages.
+inline const char* record_name(int64_t bytes_per_entry) {
+  return bytes_per_entry == kModel1BytesPerEntry ? "MODEL1"
+         : bytes_per_entry == kV32BytesPerEntry  ? "V32"
+         : bytes_per_entry == kIndexerBytesPerEntry ? "indexer K"
+                                                     : "cache";
+}
+
 inline int64_t bytes_per_entry(KvLayout layout) {
   return layout == KvLayout::model1 ? kModel1BytesPerEntry : kV32BytesPerEntry;
 }
@@ -49,18 +61,33 @@ void check_contiguous(Arg a, const Tensor& t);
 void check_same_device(const char* op, const Tensor& ref, std::initializer_list<std::pair<const char*, const Tensor*>> others);
 inline const Tensor* present(const std::optional<Tensor>& t) { return t ? &*t : nullptr; }
 void check_positive(Arg a, int64_t value);
+void check_positive(Arg a, double value);  // also rejects NaN and infinity
+// `out` shares no byte with any of `others` (null entries skipped): an output written while an input it overlaps
+// is still being read gives a wrong result.
+void check_no_overlap(const char* op, const char* out_name, const Tensor& out,
+                      std::initializer_list<std::pair<const char*, const Tensor*>> others);
+// An fp32 [rows, cols] output on like's device; a size that overflows or cannot be allocated names the argument
+// that asked for it and the bytes.
+Tensor float_output(Arg sized_by, int64_t rows, int64_t cols, const Tensor& like);
 
 DType float_dtype(Arg a, const Tensor& t);  // bf16 / f16 / f32
 DType dtype_of(ScalarType s);
 IndexView index_view(Arg a, const Tensor& t, int64_t dim);  // int32/int64 of the given rank
-// uint8/int8/fp8 cache of any rank >= 2 whose pages are stride(0) apart; checks page capacity.
+// uint8/int8/fp8 cache of any rank >= 2 whose pages are stride(0) apart. Its geometry must match the call: a page
+// (the bytes of dimensions 1..) holds exactly block_size entries, unpadded or padded to a multiple of 512 or 576
+// bytes, and a view with an entry axis ([num_blocks, block_size, ...]) has block_size in dimension 1.
 PagedCache paged_cache(Arg a, const Tensor& t, int64_t block_size, int64_t bytes_per_entry);
 RopeTable rope_table(Arg a, const Tensor& t, int64_t rope_dim);
 
 // The two checks below read the values, so they run on CPU tensors only (no-ops in _C_cuda: a device read
 // would synchronise; the CUDA kernels treat such entries as invalid instead).
-// Every entry of a rank-1 index tensor is -1 or in [0, capacity).
-void check_slots_in_range(Arg a, const IndexView& v, int64_t n, int64_t capacity);
+// Slots a writer stores to: every entry of a rank-1 index tensor is -1 or in [0, capacity), and no slot repeats
+// (two tokens racing for one entry would leave a winner that changes from run to run).
+void check_write_slots(Arg a, const IndexView& v, int64_t n, int64_t capacity);
+// Every entry e >= 0 of a [rows, cols] block table maps to slots up to e * block_size + block_size - 1; all must be at
+// most `limit` (INT32_MAX where they land in an int32 output, named by `output`).
+void check_table_slots_fit(Arg table, const IndexView& v, int64_t rows, int64_t cols, int64_t block_size, int64_t limit,
+                           const char* output);
 // Every entry of a rank-1 index tensor is in [0, limit).
 void check_values_in_range(Arg a, const IndexView& v, int64_t n, int64_t limit);
 

@@ -45,13 +45,15 @@ void save_partial_states(Tensor kv, Tensor score, Tensor ape, Tensor positions, 
   check_size({op, "slot_mapping"}, slot_mapping, 0, kv.size(0));
   p.state = state_cache({op, "state_cache"}, state);
   check_size({op, "state_cache"}, state, 2, 2 * kv.size(1));
+  check_no_overlap(op, "state_cache", state, {{"kv", &kv}, {"score", &score}, {"ape", &ape}, {"positions", &positions},
+                                              {"slot_mapping", &slot_mapping}});
   p.kv = static_cast<const float*>(kv.const_data_ptr());
   p.score = static_cast<const float*>(score.const_data_ptr());
   p.kv_stride = kv.stride(0), p.score_stride = score.stride(0);
   p.ape = static_cast<const float*>(ape.const_data_ptr());
   p.ratio = ape.size(0), p.width = kv.size(1), p.num_tokens = kv.size(0);
   check_values_in_range({op, "positions"}, p.positions, p.num_tokens, INT64_MAX);
-  check_slots_in_range({op, "slot_mapping"}, p.slots, p.num_tokens, p.state.num_blocks * p.state.block_size);
+  check_write_slots({op, "slot_mapping"}, p.slots, p.num_tokens, p.state.num_blocks * p.state.block_size);
   backend_kernels().save_partial_states(p);
 }
 
@@ -86,6 +88,10 @@ void compress_common(const char* op, int64_t head_dim, int64_t bytes_per_entry, 
   check_contiguous({op, "rms_norm_weight"}, norm_weight);
   p.rope = rope_table({op, "cos_sin_cache"}, cos_sin_cache, kRopeDim);
   p.cache = paged_cache({op, "kv_cache"}, kv_cache, block_size, bytes_per_entry);
+  check_positive({op, "eps"}, double(float(eps)));  // the kernels compute in fp32
+  check_no_overlap(op, "kv_cache", kv_cache, {{"state_cache", &state}, {"gather_slots", &gather_slots},
+                                              {"positions", &positions}, {"kv_slot_mapping", &kv_slot_mapping},
+                                              {"rms_norm_weight", &norm_weight}, {"cos_sin_cache", &cos_sin_cache}});
   p.norm_weight = static_cast<const float*>(norm_weight.const_data_ptr());
   p.eps = float(eps);
   p.ratio = ratio, p.head_dim = head_dim, p.num_tokens = n;
@@ -95,7 +101,7 @@ void compress_common(const char* op, int64_t head_dim, int64_t bytes_per_entry, 
     DSV4_CHECK((pos / ratio) * ratio < p.rope.rows, op, "argument 'positions' entry ", t, " is ", pos,
                ", beyond the ", p.rope.rows, " rows of cos_sin_cache");
   }
-  check_slots_in_range({op, "kv_slot_mapping"}, p.kv_slots, n, p.cache.num_blocks * block_size);
+  check_write_slots({op, "kv_slot_mapping"}, p.kv_slots, n, p.cache.num_blocks * block_size);
   backend_kernels().compress_norm_rope_store(p);
 }
 

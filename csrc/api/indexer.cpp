@@ -54,7 +54,7 @@ Tensor fp8_paged_mqa_logits(Tensor q, Tensor kv_cache, Tensor weights, Tensor co
   p.max_blocks = block_table.size(1);
   p.max_context_len = max_context_len;
   p.clean_logits = clean_logits;
-  Tensor out = torch::stable::empty({p.batch * p.next_n, max_context_len}, ScalarType::Float, std::nullopt, q.device());
+  Tensor out = float_output({op, "max_context_len"}, p.batch * p.next_n, max_context_len, q);
   p.out = static_cast<float*>(out.data_ptr());
   p.out_stride = max_context_len;
   backend_kernels().fp8_paged_mqa_logits(p);
@@ -94,7 +94,7 @@ Tensor fp8_mqa_logits(Tensor q, Tensor k, Tensor k_scale, Tensor weights, Tensor
   p.weights = static_cast<const float*>(weights.const_data_ptr());
   p.w_stride = weights.stride(0);
   p.clean_logits = clean_logits;
-  Tensor out = torch::stable::empty({rows, p.num_keys}, ScalarType::Float, std::nullopt, q.device());
+  Tensor out = float_output({op, "k"}, rows, p.num_keys, q);
   p.out = static_cast<float*>(out.data_ptr());
   p.out_stride = p.num_keys;
   backend_kernels().fp8_mqa_logits(p);
@@ -137,6 +137,9 @@ void fp8_paged_mqa_topk(Tensor q, Tensor kv_cache, Tensor weights, Tensor length
     DSV4_CHECK(len <= p.k || len <= coverage, op, "argument 'lengths' entry ", r, " is ", len, ", more than the ",
                coverage, " entries block_table can address");
   }
+  check_no_overlap(op, "topk_indices", topk_indices, {{"q", &q}, {"kv_cache", &kv_cache}, {"weights", &weights},
+                                                      {"lengths", &lengths}, {"block_table", &block_table},
+                                                      {"row_requests", &row_requests}});
   const Tensor q_rows = torch::stable::contiguous(q);
   p.q = static_cast<const uint8_t*>(q_rows.const_data_ptr());
   p.weights = static_cast<const float*>(weights.const_data_ptr());

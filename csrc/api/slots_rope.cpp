@@ -22,6 +22,10 @@ Tensor map_local_to_global_slots(Tensor local, Tensor req_ids, Tensor block_tabl
   Tensor out = torch::stable::empty({p.rows, p.cols}, local.scalar_type(), std::nullopt, local.device());
   p.out = out.data_ptr();
   p.out_is_int64 = local.scalar_type() == ScalarType::Long;
+  // The slots keep local's dtype: an int32 call must not be handed pages whose slots need 64 bits.
+  check_table_slots_fit({op, "block_table"}, p.block_table, p.num_reqs, p.max_blocks, block_size,
+                        p.out_is_int64 ? INT64_MAX : INT32_MAX,
+                        p.out_is_int64 ? "an int64 slot" : "an int32 slot (pass int64 local_indices for 64-bit slots)");
   backend_kernels().map_local_to_global_slots(p);
   return out;
 }

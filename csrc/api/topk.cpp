@@ -19,6 +19,8 @@ void topk_transform(Tensor scores, Tensor lengths, std::optional<Tensor> row_sta
   check_dim({op, "scores"}, scores, 2);
   check_last_dim_contiguous({op, "scores"}, scores);
   p.rows = scores.size(0), p.width = scores.size(1), p.score_stride = scores.stride(0);
+  DSV4_CHECK(p.width <= INT32_MAX, op, "argument 'scores' has ", p.width, " columns; int32 indices address at most ",
+             INT32_MAX);
   p.lengths = index_view({op, "lengths"}, lengths, 1);
   check_size({op, "lengths"}, lengths, 0, p.rows);
   if (row_starts) {
@@ -45,11 +47,19 @@ void topk_transform(Tensor scores, Tensor lengths, std::optional<Tensor> row_sta
     check_size({op, "slot_indices"}, *slot_indices, 0, p.rows);
     check_size({op, "slot_indices"}, *slot_indices, 1, p.k);
     p.page_size = page_size;
+    check_table_slots_fit({op, "page_table"}, p.page_table, p.rows, p.max_pages, page_size, INT32_MAX,
+                          "int32 slot_indices");
+    check_no_overlap(op, "slot_indices", *slot_indices, {{"raw_indices", &raw_indices}, {"scores", &scores},
+                                                         {"lengths", &lengths}, {"row_starts", present(row_starts)},
+                                                         {"page_table", &*page_table}});
     p.slots = static_cast<int32_t*>(slot_indices->data_ptr());
     p.slot_stride = slot_indices->stride(0), p.slot_col_stride = slot_indices->stride(1);
   }
   check_same_device(op, scores, {{"lengths", &lengths}, {"raw_indices", &raw_indices}, {"row_starts", present(row_starts)},
                                  {"page_table", present(page_table)}, {"slot_indices", present(slot_indices)}});
+  check_no_overlap(op, "raw_indices", raw_indices, {{"scores", &scores}, {"lengths", &lengths},
+                                                    {"row_starts", present(row_starts)},
+                                                    {"page_table", present(page_table)}});
   p.scores = static_cast<const float*>(scores.const_data_ptr());
   p.raw = static_cast<int32_t*>(raw_indices.data_ptr());
   p.raw_stride = raw_indices.stride(0), p.raw_col_stride = raw_indices.stride(1);

@@ -501,27 +501,59 @@ struct TopkSplit {
   int64_t first_slot, pieces, remaining;
 };
 
-// Candidate buffers of the pieces of split rows.
+// Candidate buffers of the pieces of split rows, and the floor each piece was scanned against.
 struct TopkPieces {
   int64_t capacity;
-  TopkArray<uint32_t> keys, idx;
+  TopkArray<uint32_t> keys, idx, floor;
   TopkArray<int64_t> count;
   TopkPieces(int64_t slots, int64_t capacity)
-      : capacity(capacity), keys(slots * capacity), idx(slots * capacity), count(slots) {}
+      : capacity(capacity), keys(slots * capacity), idx(slots * capacity), floor(slots), count(slots) {}
   TopkCandidates slot(int64_t s, uint32_t floor) {
     return {keys.data + s * capacity, idx.data + s * capacity, 0, capacity, floor};
   }
 };
 
-// Joins the pieces of a split row (in index order) and finishes it.
-inline void topk_merge_split(const TopkTransformParams& p, const TopkTask& t, const TopkSplit& s, TopkPieces& pieces) {
-  TopkWorkspace ws(s.pieces * pieces.capacity, p.k);
-  TopkCandidates c{ws.keys, ws.idx, 0, s.pieces * pieces.capacity, 0};
+// Piece `i` of a row of `length` entries split into `pieces`: [begin, end).
+inline int64_t topk_piece_begin(int64_t length, int64_t i, int64_t pieces) { return length * i / pieces; }
+
+// Scans piece `i` of a split row into its slot against `floor`; records the floor and the count.
+inline void topk_collect_piece(const TopkTransformParams& p, const TopkTask& t, int64_t pieces_in_row, int64_t i,
+                               int64_t slot, uint32_t floor, TopkPieces& pieces, uint32_t* work) {
+  const int64_t begin = topk_piece_begin(t.length, i, pieces_in_row);
+  const int64_t end = topk_piece_begin(t.length, i + 1, pieces_in_row);
+  TopkCandidates c = pieces.slot(slot, floor);
+  topk_collect(c, p.scores + t.offset + begin, end - begin, uint32_t(begin), p.k, work);
+  pieces.count.data[slot] = c.count;
+  pieces.floor.data[slot] = floor;
+}
+
+// Concatenates the pieces' candidates (in index order) into c.
+inline void topk_gather_pieces(const TopkSplit& s, const TopkPieces& pieces, TopkCandidates& c) {
+  c.count = 0;
   for (int64_t i = s.first_slot; i < s.first_slot + s.pieces; ++i) {
     const int64_t n = pieces.count.data[i];
     std::memcpy(c.keys + c.count, pieces.keys.data + i * pieces.capacity, n * sizeof(uint32_t));
     std::memcpy(c.idx + c.count, pieces.idx.data + i * pieces.capacity, n * sizeof(uint32_t));
     c.count += n;
+  }
+}
+
+// Joins the pieces of a split row and finishes it. A piece lost nothing of the row's top k unless its floor lies
+// above the k-th key of the union (entries it trimmed had k better ones in the piece), so exactly those pieces are
+// scanned again down to that key; the union then holds every entry at or above it, the true top k included.
+inline void topk_merge_split(const TopkTransformParams& p, const TopkTask& t, const TopkSplit& s, TopkPieces& pieces) {
+  TopkWorkspace ws(s.pieces * pieces.capacity, p.k);
+  TopkCandidates c{ws.keys, ws.idx, 0, s.pieces * pieces.capacity, 0};
+  topk_gather_pieces(s, pieces, c);
+  if (c.count >= p.k) {
+    const uint32_t kth = topk_kth_key(c.keys, c.count, p.k, ws.work).key;
+    bool rescanned = false;
+    for (int64_t i = 0; i < s.pieces; ++i) {
+      if (pieces.floor.data[s.first_slot + i] <= kth) continue;
+      topk_collect_piece(p, t, s.pieces, i, s.first_slot + i, kth, pieces, ws.work);
+      rescanned = true;
+    }
+    if (rescanned) topk_gather_pieces(s, pieces, c);
   }
   if (c.count < p.k) topk_collect_all(c, p.scores + t.offset, t.length, p.k, ws.work);
   topk_finish_row(p, t.row, c, ws);
@@ -537,10 +569,8 @@ inline void topk_run_task(const TopkTransformParams& p, const TopkTask& t, TopkS
   const int64_t min_rank = (kTopkMinRank + parts - 1) / parts;
   const uint32_t floor = topk_sampled_floor(x + t.begin, n, target, min_rank, ws.samples, ws.work);
   if (t.split >= 0) {
-    TopkCandidates c = pieces.slot(t.slot, floor);
-    topk_collect(c, x + t.begin, n, uint32_t(t.begin), p.k, ws.work);
-    pieces.count.data[t.slot] = c.count;
     TopkSplit& s = splits[t.split];
+    topk_collect_piece(p, t, s.pieces, t.slot - s.first_slot, t.slot, floor, pieces, ws.work);
     if (__atomic_sub_fetch(&s.remaining, 1, __ATOMIC_ACQ_REL) == 0) topk_merge_split(p, t, s, pieces);
     return;
   }
@@ -597,8 +627,8 @@ inline void topk_transform(const TopkTransformParams& p) {
     if (pieces > 1) splits.data[s] = {num_slots, pieces, pieces};
     for (int64_t i = 0; i < pieces; ++i, ++t) {
       tasks.data[t] = row;
-      tasks.data[t].begin = row.length * i / pieces;
-      tasks.data[t].end = row.length * (i + 1) / pieces;
+      tasks.data[t].begin = topk_piece_begin(row.length, i, pieces);
+      tasks.data[t].end = topk_piece_begin(row.length, i + 1, pieces);
       if (pieces > 1) tasks.data[t].split = s, tasks.data[t].slot = num_slots++;
       const int64_t scanned = row.length > p.k ? tasks.data[t].end - tasks.data[t].begin : 0;
       prefix.data[t + 1] = prefix.data[t] + scanned + p.k;  // every task also writes k outputs
