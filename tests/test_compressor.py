@@ -332,6 +332,7 @@ SAVE_BAD_INPUTS = {
     "state dtype": ({"state_cache": torch.randn(4, 4, 512).bfloat16()}, "'state_cache'"),
     "state rank": ({"state_cache": torch.randn(16, 512)}, "'state_cache'"),
     "state width": ({"state_cache": torch.randn(4, 4, 384)}, "'state_cache'"),
+    "two tokens, one slot": ({"slot_mapping": torch.tensor([9, -1, 9])}, "'slot_mapping' entries 0 and 2 both write"),
 }
 
 
@@ -375,6 +376,10 @@ def compress_bad_inputs(head_dim: int) -> dict:
         "cache dtype": ({"kv_cache": torch.zeros(4, 2 * MODEL1_BYTES_PER_TOKEN, dtype=torch.int32)}, "'kv_cache'"),
         "page too small": ({"block_size": 64}, "'kv_cache'"),
         "ratio zero": ({"compress_ratio": 0}, "'compress_ratio'"),
+        "two tokens, one entry": ({"kv_slot_mapping": torch.tensor([2, 1, -1, 2])},
+                                  "'kv_slot_mapping' entries 0 and 3 both write slot 2"),
+        "eps zero": ({"rms_norm_eps": 0.0}, "'eps' must be positive"),
+        "eps negative": ({"rms_norm_eps": -1e-6}, "'eps' must be positive"),
     }
 
 

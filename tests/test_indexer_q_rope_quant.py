@@ -152,6 +152,10 @@ BAD_INPUTS = {
                           r"argument 'weights_out' must have shape \[4, 2\]"),
     "weights_out not contiguous": (lambda a: {**a, "weights_out": a["weights_out"].t().contiguous().t()},
                                    "argument 'weights_out' must be contiguous"),
+    "weights_out is weights": (lambda a: {**a, "weights_out": a["weights"]},
+                               "argument 'weights_out' overlaps argument 'weights'"),
+    "q_fp8 inside q": (lambda a: {**a, "q_fp8": a["q"].view(torch.uint8).view(-1)[: a["q_fp8"].numel()]
+                                  .view(a["q_fp8"].shape)}, "argument 'q_fp8' overlaps argument 'q'"),
 }
 
 

@@ -81,6 +81,20 @@ def test_reference_by_hand():
     assert torch.equal(ops.map_local_to_global_slots(local, req_ids, block_table, 4), expected)
 
 
+def test_int64_slots_past_2_to_the_32(isa):
+    """A block id of 2^30 at block size 4: slot 4,294,967,297 needs (and gets) 64 bits."""
+    table = torch.tensor([[2**30, 5]])
+    local = torch.tensor([[1, 6, -1]])
+    out = ops.map_local_to_global_slots(local, torch.tensor([0]), table, 4)
+    assert out.tolist() == [[4 * 2**30 + 1, 22, -1]]
+
+
+def test_block_size_2_to_the_62_with_small_pages(isa):
+    table = torch.tensor([[0, 1]])
+    out = ops.map_local_to_global_slots(torch.tensor([[5, 2**62 + 3]]), torch.tensor([0]), table, 2**62)
+    assert out.tolist() == [[5, 2**62 + 3]]
+
+
 def test_opcheck(opcheck):
     args = (random_local(3, 8, 4, torch.int64), torch.randint(0, NUM_REQUESTS, (3,)), random_block_table(), 4)
     opcheck(torch.ops.dsv4.map_local_to_global_slots.default, args)
@@ -106,6 +120,10 @@ BAD_INPUTS = {
     "block_table dtype": (lambda a: {**a, "block_table": a["block_table"].double()},
                           "argument 'block_table' must have dtype"),
     "block_size zero": (lambda a: {**a, "block_size": 0}, "argument 'block_size' must be positive"),
+    "int32 slots past 2^31": (lambda a: {**a, "local_indices": a["local_indices"].int(),
+                                         "block_table": torch.full((NUM_REQUESTS, MAX_BLOCKS), 2**30)},
+                              "argument 'block_table' entry \\[0, 0\\] is 1073741824.*int32 slot"),
+    "int64 slots past 2^63": (lambda a: {**a, "block_size": 2**62}, "argument 'block_table' entry.*int64 slot"),
 }
 
 

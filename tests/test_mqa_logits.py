@@ -187,6 +187,10 @@ BAD = [
     ("block_table", lambda a: a.update(block_table=a["block_table"][0]), "argument 'block_table' must have 2"),
     ("kv_cache", lambda a: a.update(kv_cache=a["kv_cache"][:, :100]), "argument 'kv_cache' pages hold"),
     ("max_context_len", lambda a: a.update(max_context_len=-1), "argument 'max_context_len' must be >= 0"),
+    ("max_context_len 2^40", lambda a: a.update(max_context_len=2**40),
+     "argument 'max_context_len' asks for an fp32 output of \\[1, 1099511627776\\] \\(4096 GiB\\)"),
+    ("max_context_len 2^62", lambda a: a.update(max_context_len=2**62),
+     "argument 'max_context_len' asks for an fp32 output .* more bytes than a tensor can hold"),
 ]
 
 

@@ -255,6 +255,14 @@ BAD_INPUTS = {
                              "argument 'q_out' must be contiguous"),
     "q_out fewer heads": (lambda a: {**a, "q_out": poisoned_q_out(4, 1, a["q"].dtype)}, "argument 'q_out' has 1 heads"),
     "q_out tokens": (lambda a: {**a, "q_out": a["q_out"][1:]}, "argument 'q_out' must have size 4 in dimension 0"),
+    "q_out overlaps kv": (lambda a: {**a, "kv": a["q_out"].view(4, -1)[:, :512]}, "argument 'q_out' overlaps argument 'kv'"),
+    "q_out is q": (lambda a: {**a, "q_out": a["q"]}, "argument 'q_out' overlaps argument 'q'"),
+    "two tokens, one slot": (lambda a: {**a, "slot_mapping": torch.tensor([1, 3, 1, -1])},
+                             "argument 'slot_mapping' entries 0 and 2 both write slot 1"),
+    "eps zero": (lambda a: {**a, "eps": 0.0}, "argument 'eps' must be positive"),
+    "eps negative": (lambda a: {**a, "eps": -1e-6}, "argument 'eps' must be positive"),
+    "eps nan": (lambda a: {**a, "eps": float("nan")}, "argument 'eps' must be positive"),
+    "eps below fp32": (lambda a: {**a, "eps": 1e-50}, "argument 'eps' must be positive"),
 }
 
 

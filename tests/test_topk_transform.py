@@ -140,6 +140,14 @@ def test_empty_page_table_maps_nothing(isa):
     assert (slots == -1).all()
 
 
+def test_slots_up_to_int32_max(isa):
+    k, page_size = 512, 600
+    last_page = (2**31 - 1) // page_size - 1  # its last slot is the largest int32 a page of 600 can end on
+    table = torch.tensor([[last_page]], dtype=torch.int64)
+    scores = torch.randn(1, page_size)
+    run_and_check(scores, torch.tensor([page_size]), k, page_table=table, page_size=page_size)
+
+
 def test_strided_scores_and_outputs(isa):
     k, rows, width = 512, 3, 5000
     wide = torch.randn(rows, width + 300)
@@ -153,13 +161,54 @@ def test_strided_scores_and_outputs(isa):
     assert torch.equal(raw, want_raw) and torch.equal(slots, want_slots)
 
 
-@pytest.mark.parametrize("threads", [1, 2, 5])
-def test_one_long_row_split_across_threads(isa, threads):
-    k = 2048
+SPLIT_PIECE = 4096  # the kernel's shortest piece of a split row: lengths just above its multiples change the split
+SPLIT_THREADS = (1, 2, 3, 4, 7, 8, 16, 32, 64)
+SPLIT_LENGTHS = (2 * SPLIT_PIECE + 1, 3 * SPLIT_PIECE + 1, 5 * SPLIT_PIECE + 1, 7 * SPLIT_PIECE + 3, LONG)
+
+
+def ordered_row(order: str, width: int) -> torch.Tensor:
+    """A row whose winners sit where a split row's pieces see them unevenly."""
+    if order == "descending":  # every winner in the first piece
+        return torch.arange(width, 0, -1).float()
+    if order == "ascending":  # every winner in the last piece
+        return torch.arange(width).float()
+    if order == "clustered":  # narrow bands of near-equal values, the best band in one stretch of the row
+        row = torch.randint(0, 8, (width,)).float() + 1e-3 * torch.rand(width)
+        start = int(torch.randint(0, width // 2, ()))
+        row[start : start + width // 8] += 10.0
+        return row
+    if order == "constant":  # all tied: the answer is 0 .. k-1
+        return torch.full((width,), 2.5)
+    return torch.randn(width)
+
+
+@pytest.mark.parametrize("order", ["descending", "ascending", "clustered", "constant", "random"])
+@pytest.mark.parametrize("threads", SPLIT_THREADS)
+def test_one_long_row_split_across_threads(isa, threads, order):
+    with intra_op_threads(threads):
+        for width in SPLIT_LENGTHS:
+            row = ordered_row(order, width)[None]
+            for k in K_SIZES:
+                run_and_check(row, torch.tensor([width]), k)
+
+
+def test_descending_row_keeps_its_head_at_two_threads(isa):
+    k, width = 2048, 28664  # a split row whose first piece holds every winner
+    with intra_op_threads(2):
+        raw, _ = run_and_check(torch.arange(width, 0, -1).float()[None], torch.tensor([width]), k)
+    assert torch.equal(raw[0], torch.arange(k, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("threads", [16, 64])
+def test_random_long_rows_at_many_threads(isa, threads):
+    with intra_op_threads(threads):
+        scores = torch.randn(10, LONG)
+        for k in K_SIZES:
+            for row in range(len(scores)):
+                run_and_check(scores[row : row + 1], torch.tensor([LONG]), k)
     scores = torch.stack([torch.randn(LONG), sample_trap(LONG, 64), torch.randint(0, 4, (LONG,)).float()])
     with intra_op_threads(threads):
-        for row in range(len(scores)):
-            run_and_check(scores[row : row + 1], torch.tensor([LONG]), k)
+        run_and_check(scores, torch.full((3,), LONG), 2048)
 
 
 def test_sample_trap_in_a_batch(isa):
@@ -225,6 +274,11 @@ BAD_INPUTS = {
     "slots width": (lambda a: a.update(slot_indices=a["slot_indices"][:, :256]), "slot_indices"),
     "slots dtype": (lambda a: a.update(slot_indices=a["slot_indices"].long()), "slot_indices"),
     "slots without table": (replaced(page_table=None), "slot_indices"),
+    "slots past int32": (lambda a: a.update(page_table=torch.full((3, 40), 2**40), page_size=600), "page_table"),
+    "slots past int32 by the page size": (replaced(page_size=2**62), "page_table"),
+    "slots are the raw buffer": (lambda a: a.update(slot_indices=a["raw_indices"]), "slot_indices' overlaps argument 'raw_indices"),
+    "raw overlaps scores": (lambda a: a.update(raw_indices=a["scores"][:, :512].view(torch.int32)),
+                            "raw_indices' overlaps argument 'scores"),
 }
 
 

@@ -90,7 +90,7 @@ Tensor float_output(Arg sized_by, int64_t rows, int64_t cols, const Tensor& like
     return torch::stable::empty({rows, cols}, ScalarType::Float, std::nullopt, like.device());
   } catch (const std::exception&) {
     DSV4_CHECK(false, sized_by.op, "argument '", sized_by.name, "' asks for an fp32 output of [", rows, ", ", cols, "] (",
-               double(bytes) / double(int64_t(1) << 30), " GiB), which could not be allocated");
+               (bytes + (int64_t(1) << 30) - 1) >> 30, " GiB), which could not be allocated");
   }
 }
 
@@ -126,14 +126,14 @@ PagedCache paged_cache(Arg a, const Tensor& t, int64_t block_size, int64_t bytes
     expected_stride *= t.size(d);
     page_bytes *= t.size(d);
   }
-  // Compared by division: block_size * bytes_per_entry could wrap around for a huge block_size.
-  DSV4_CHECK(block_size <= page_bytes / bytes_per_entry, a.op, "argument '", a.name, "' pages hold ", page_bytes,
-             " bytes, fewer than block_size ", block_size, " ", record_name(bytes_per_entry), " entries of ",
-             bytes_per_entry, " bytes");
   // The cache carries its geometry: a view with an entry axis names block_size, and a page is exactly
   // block_size entries, unpadded or padded to one of the alignments engines use.
   DSV4_CHECK(t.dim() < 3 || t.size(1) == block_size, a.op, "argument '", a.name, "' has ", t.size(1),
              " entries per page (dimension 1 of shape ", shape_str(t), "), but block_size is ", block_size);
+  // Compared by division: block_size * bytes_per_entry could wrap around for a huge block_size.
+  DSV4_CHECK(block_size <= page_bytes / bytes_per_entry, a.op, "argument '", a.name, "' pages hold ", page_bytes,
+             " bytes, fewer than block_size ", block_size, " ", record_name(bytes_per_entry), " entries of ",
+             bytes_per_entry, " bytes");
   const int64_t raw = block_size * bytes_per_entry;
   DSV4_CHECK(page_bytes == raw || page_bytes == round_up(raw, kPageAlignments[0]) ||
                  page_bytes == round_up(raw, kPageAlignments[1]),

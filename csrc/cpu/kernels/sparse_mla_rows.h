@@ -106,9 +106,10 @@ inline void stage_model1_tile(const uint8_t* codes, uint8_t scale_byte, uint16_t
   static const __m512i subnormal_table = e4m3_subnormal_bf16();
   const __m512i bias = _mm512_set1_epi16(int16_t((scale_byte - kE4m3ExponentBias) << kBf16ExponentShift));
   constexpr __mmask32 kNonzeroSubnormals = 0xfe;  // table lanes 1-7; lane 0 (zero) stays 0
+  // scale_byte - 127 is negative for scales below 1: multiplied, not shifted (a negative left shift is UB).
   const __m512i subnormals = _mm512_mask_add_epi16(
       subnormal_table, kNonzeroSubnormals, subnormal_table,
-      _mm512_set1_epi16(int16_t((scale_byte - kUe8m0Bias) << kBf16ExponentShift)));
+      _mm512_set1_epi16(int16_t((scale_byte - kUe8m0Bias) * (1 << kBf16ExponentShift))));
   for (int64_t i = 0; i < kModel1Tile; i += 32)
     _mm512_storeu_si512(dst + i, e4m3x32_direct(codes + i, bias, subnormals));
 }
