@@ -364,7 +364,8 @@ QUANTIZE_BAD_INPUTS = {
     "slots length": ({"slot_mapping": torch.tensor([0, 1])}, "'slot_mapping'"),
     "slot past cache": ({"slot_mapping": torch.tensor([0, 8, 1])}, "'slot_mapping'.* 8"),
     "slot below -1": ({"slot_mapping": torch.tensor([0, -2, 1])}, "'slot_mapping'.*-2"),
-    "two tokens, one slot": ({"slot_mapping": torch.tensor([5, -1, 5])}, "'slot_mapping' entries 0 and 2 both write slot 5"),
+    "two tokens, one slot": ({"slot_mapping": torch.tensor([5, -1, 5])},
+                             "'slot_mapping' entries 0 and 2 both write slot 5"),
     "cache dtype": ({"kv_cache": torch.zeros(2, 4 * MODEL1_BYTES_PER_TOKEN // 4)}, "'kv_cache'"),
     "cache rank": ({"kv_cache": torch.zeros(4 * MODEL1_BYTES_PER_TOKEN, dtype=torch.uint8)}, "'kv_cache'"),
     "page too small": ({"kv_cache": random_pages(2, 4 * MODEL1_BYTES_PER_TOKEN - 1)}, "'kv_cache'"),
@@ -405,7 +406,8 @@ INDEXER_BAD_INPUTS = {
     "k rank": ({"k": torch.randn(3, 1, INDEXER_HEAD_DIM)}, "'k'"),
     "slots length": ({"slot_mapping": torch.tensor([0])}, "'slot_mapping'"),
     "slot past cache": ({"slot_mapping": torch.tensor([0, 1, 8])}, "'slot_mapping'"),
-    "two tokens, one slot": ({"slot_mapping": torch.tensor([7, 0, 7])}, "'slot_mapping' entries 0 and 2 both write slot 7"),
+    "two tokens, one slot": ({"slot_mapping": torch.tensor([7, 0, 7])},
+                             "'slot_mapping' entries 0 and 2 both write slot 7"),
     "page too small": ({"kv_cache": random_pages(2, 4 * INDEXER_K_BYTES_PER_ENTRY - 4)}, "'kv_cache'"),
 }
 
