@@ -277,7 +277,8 @@ BAD_INPUTS = {
     "slots past int32": (lambda a: a.update(page_table=torch.full((3, 40), 2**40), page_size=600),
                          "page_table"),
     "slots past int32 by the page size": (replaced(page_size=2**62), "page_table"),
-    "slots are the raw buffer": (lambda a: a.update(slot_indices=a["raw_indices"]), "slot_indices' overlaps argument 'raw_indices"),
+    "slots are the raw buffer": (lambda a: a.update(slot_indices=a["raw_indices"]),
+                                 "slot_indices' overlaps argument 'raw_indices"),
     "raw overlaps scores": (lambda a: a.update(raw_indices=a["scores"][:, :512].view(torch.int32)),
                             "raw_indices' overlaps argument 'scores"),
 }
