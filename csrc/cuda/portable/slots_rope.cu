@@ -19,7 +19,10 @@ __global__ void __launch_bounds__(kElementThreads) map_local_to_global_slots_ker
     int64_t slot = -1;
     if (block >= 0 && block < p.max_blocks && req >= 0 && req < p.num_reqs) {
       const int64_t page = index_at(p.block_table, req, block);
-      if (page >= 0) slot = page * p.block_size + local % p.block_size;
+      // The host cannot check the table here: a page whose slots do not fit the output is unmapped, not wrapped.
+      const int64_t limit = p.out_is_int64 ? INT64_MAX : INT32_MAX;
+      if (page >= 0 && page <= (limit - local % p.block_size) / p.block_size)
+        slot = page * p.block_size + local % p.block_size;
     }
     if (p.out_is_int64) static_cast<int64_t*>(p.out)[i] = slot;
     else static_cast<int32_t*>(p.out)[i] = int32_t(slot);

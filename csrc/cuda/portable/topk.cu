@@ -13,14 +13,14 @@ constexpr int kTopkThreads = 512;
 static_assert(topk_threads_supported(kTopkThreads), "the CTA top-k's thread count");
 constexpr int64_t kMaxGrid = 65535;  // within every platform's limits; the kernel strides over the rest
 
-// table[i / page_size] * page_size + i % page_size for raw index i; -1 for i < 0, a page past the table or a
-// negative entry (the slot keeps the low 32 bits, as a cast to int32 does).
+// table[i / page_size] * page_size + i % page_size for raw index i; -1 for i < 0, a page past the table, a
+// negative entry or a slot past INT32_MAX (the CPU rejects such tables; the device cannot read them first).
 DSV4_DEVICE int32_t topk_slot(const TopkTransformParams& p, int64_t row, int32_t raw) {
   if (raw < 0) return -1;
   const int64_t page = raw / p.page_size;
   if (page >= p.max_pages) return -1;
-  const int64_t block = index_at(p.page_table, row, page);
-  return block >= 0 ? int32_t(block * p.page_size + (raw - page * p.page_size)) : -1;
+  const int64_t block = index_at(p.page_table, row, page), offset = raw - page * p.page_size;
+  return block >= 0 && block <= (INT32_MAX - offset) / p.page_size ? int32_t(block * p.page_size + offset) : -1;
 }
 
 DSV4_DEVICE void topk_write(const TopkTransformParams& p, int64_t row, int64_t j, int32_t raw) {
