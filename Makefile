@@ -11,7 +11,7 @@ BUILD_DEPS := setuptools wheel "cmake>=3.25" ninja
 TEST_DEPS := "pytest>=8" numpy ruff
 NATIVE_SOURCES := $(shell find csrc third_party -type f) CMakeLists.txt setup.py pyproject.toml
 
-.PHONY: demo test lint peer cuda-compile-check hip-compile-check clean
+.PHONY: demo test lint fuzz peer cuda-compile-check hip-compile-check clean
 
 $(VENV)/.deps:
 	python3 -m venv $(VENV)
@@ -35,6 +35,12 @@ test: $(VENV)/.built peer
 
 lint: $(VENV)/.deps
 	$(VENV)/bin/ruff check python tests tools
+
+# Random-shape differential fuzzing of every CPU op on every tier here against dsv4.reference, for a bounded wall
+# time (FUZZ_SECONDS, default 150); failures print one-line reproducers.
+FUZZ_SECONDS ?= 150
+fuzz: $(VENV)/.built
+	$(PY) tools/fuzz.py --seconds $(FUZZ_SECONDS)
 
 # Compile-only checks of the GPU kernels (no GPU needed): CUDA sm_80 / sm_90a, and the hipified portable tier.
 cuda-compile-check: $(VENV)/.deps

@@ -18,6 +18,7 @@ PLANTED_FAULTS = """
 import os, sys, time
 sys.path.insert(0, {tools!r})
 import torch
+import dsv4
 import fuzz
 
 real_map = torch.ops.dsv4.map_local_to_global_slots
