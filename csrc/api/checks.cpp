@@ -183,16 +183,19 @@ void check_write_slots(Arg a, const IndexView& v, int64_t n, int64_t capacity) {
 }
 
 void check_table_slots_fit(Arg table, const IndexView& v, int64_t rows, int64_t cols, int64_t block_size, int64_t limit,
-                           const char* output) {
+                           const char* output, const IndexView* reach) {
   if (!kHostReadsValues) return;
   const int64_t max_block = (limit - (block_size - 1)) / block_size;  // the largest entry whose last slot fits
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t positions = reach ? std::max<int64_t>(index_at(*reach, r), 0) : INT64_MAX;
+    const int64_t pages = std::min(cols, positions / block_size + (positions % block_size != 0));
+    for (int64_t c = 0; c < pages; ++c) {
       const int64_t e = index_at(v, r, c);
       DSV4_CHECK(block_size <= limit && e <= max_block, table.op, "argument '", table.name, "' entry [", r, ", ", c,
                  "] is ", e, ": with block size ", block_size, " its slots reach ", double(e) * double(block_size),
                  ", past the largest ", output, " can hold (", limit, ")");
     }
+  }
 }
 
 void check_values_in_range(Arg a, const IndexView& v, int64_t n, int64_t limit) {

@@ -85,9 +85,10 @@ RopeTable rope_table(Arg a, const Tensor& t, int64_t rope_dim);
 // (two tokens racing for one entry would leave a winner that changes from run to run).
 void check_write_slots(Arg a, const IndexView& v, int64_t n, int64_t capacity);
 // Every entry e >= 0 of a [rows, cols] block table maps to slots up to e * block_size + block_size - 1; all must be at
-// most `limit` (INT32_MAX where they land in an int32 output, named by `output`).
+// most `limit` (INT32_MAX where they land in an int32 output, named by `output`). With `reach`, row r is checked only
+// in the pages its first reach[r] positions fall in (the ones a kernel can translate).
 void check_table_slots_fit(Arg table, const IndexView& v, int64_t rows, int64_t cols, int64_t block_size, int64_t limit,
-                           const char* output);
+                           const char* output, const IndexView* reach = nullptr);
 // Every entry of a rank-1 index tensor is in [0, limit).
 void check_values_in_range(Arg a, const IndexView& v, int64_t n, int64_t limit);
 

@@ -48,7 +48,7 @@ void topk_transform(Tensor scores, Tensor lengths, std::optional<Tensor> row_sta
     check_size({op, "slot_indices"}, *slot_indices, 1, p.k);
     p.page_size = page_size;
     check_table_slots_fit({op, "page_table"}, p.page_table, p.rows, p.max_pages, page_size, INT32_MAX,
-                          "int32 slot_indices");
+                          "int32 slot_indices", &p.lengths);
     check_no_overlap(op, "slot_indices", *slot_indices, {{"raw_indices", &raw_indices}, {"scores", &scores},
                                                          {"lengths", &lengths}, {"row_starts", present(row_starts)},
                                                          {"page_table", &*page_table}});
