@@ -44,7 +44,7 @@ def run(script: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_short_run_passes():
-    result = run(FUZZ, "--op", "map_local_to_global_slots", "--tier", TIER, "--seconds", "4")
+    result = run(FUZZ, "--op", "map_local_to_global_slots", "--tier", TIER, "--seconds", "5", "--workers", "1")
     assert result.returncode == 0, result.stdout + result.stderr
     summary = re.search(r"^map_local_to_global_slots\s+(\d+)\s*$", result.stdout, re.MULTILINE)
     assert summary and int(summary.group(1)) > 0, result.stdout
