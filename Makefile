@@ -11,7 +11,7 @@ BUILD_DEPS := setuptools wheel "cmake>=3.25" ninja
 TEST_DEPS := "pytest>=8" numpy ruff
 NATIVE_SOURCES := $(shell find csrc third_party -type f) CMakeLists.txt setup.py pyproject.toml
 
-.PHONY: demo test lint fuzz peer cuda-compile-check hip-compile-check clean
+.PHONY: demo test lint fuzz sanitize peer cuda-compile-check hip-compile-check clean
 
 $(VENV)/.deps:
 	python3 -m venv $(VENV)
@@ -41,6 +41,11 @@ lint: $(VENV)/.deps
 FUZZ_SECONDS ?= 150
 fuzz: $(VENV)/.built
 	$(PY) tools/fuzz.py --seconds $(FUZZ_SECONDS)
+
+# The CPU tests and 60 s of fuzzing on an ASan + UBSan build in build/sanitize (the normal _C is untouched);
+# any sanitizer report fails. DSV4_FULL_GRID=1 adds the slow grid; scripts/sanitize.sh has the details.
+sanitize: $(VENV)/.deps
+	PYTHON=$(PY) scripts/sanitize.sh
 
 # Compile-only checks of the GPU kernels (no GPU needed): CUDA sm_80 / sm_90a, and the hipified portable tier.
 cuda-compile-check: $(VENV)/.deps
