@@ -546,14 +546,15 @@ inline void topk_merge_split(const TopkTransformParams& p, const TopkTask& t, co
   TopkCandidates c{ws.keys, ws.idx, 0, s.pieces * pieces.capacity, 0};
   topk_gather_pieces(s, pieces, c);
   if (c.count >= p.k) {
-    const uint32_t kth = topk_kth_key(c.keys, c.count, p.k, ws.work).key;
+    const TopkRank kth = topk_kth_key(c.keys, c.count, p.k, ws.work);
     bool rescanned = false;
     for (int64_t i = 0; i < s.pieces; ++i) {
-      if (pieces.floor.data[s.first_slot + i] <= kth) continue;
-      topk_collect_piece(p, t, s.pieces, i, s.first_slot + i, kth, pieces, ws.work);
+      if (pieces.floor.data[s.first_slot + i] <= kth.key) continue;
+      topk_collect_piece(p, t, s.pieces, i, s.first_slot + i, kth.key, pieces, ws.work);
       rescanned = true;
     }
     if (rescanned) topk_gather_pieces(s, pieces, c);
+    else c.count = topk_keep_top(c.keys, c.idx, c.count, kth);  // the union's top k is the row's: select once
   }
   if (c.count < p.k) topk_collect_all(c, p.scores + t.offset, t.length, p.k, ws.work);
   topk_finish_row(p, t.row, c, ws);
