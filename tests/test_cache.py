@@ -1,9 +1,12 @@
 """Page arithmetic, allocation and the block allocator of dsv4.cache."""
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
-from dsv4 import cache, ops
+from dsv4 import cache, constants, ops
 
 # (what, page bytes) from the DSv4 layout table: logical block 256, fp8_ds_mla.
 EXPECTED_PAGES = [
@@ -63,3 +66,40 @@ def test_block_allocator_tables_and_slots():
     assert alloc.num_free_blocks == 3
     with pytest.raises(RuntimeError, match="out of cache blocks"):
         alloc.ensure_capacity(5, 100)
+
+
+# ---- the one C++ home of the record geometry (csrc/common/cache_layouts.h) agrees with dsv4.constants ----
+
+LAYOUT_HEADER = Path(__file__).resolve().parents[1] / "csrc" / "common" / "cache_layouts.h"
+C = constants
+PYTHON_LAYOUTS = {  # every constant of the header, as dsv4.constants spells it
+    "kModel1HeadDim": C.MODEL1_HEAD_DIM, "kModel1NopeDim": C.MODEL1_NOPE_DIM, "kModel1RopeDim": C.MODEL1_ROPE_DIM,
+    "kModel1Tile": C.MODEL1_TILE, "kModel1Tiles": C.MODEL1_NOPE_DIM // C.MODEL1_TILE,
+    "kModel1DataBytes": C.MODEL1_DATA_BYTES, "kModel1ScaleBytes": C.MODEL1_SCALE_BYTES,
+    "kModel1BytesPerEntry": C.MODEL1_BYTES_PER_TOKEN,
+    "kV32HeadDim": C.V32_HEAD_DIM, "kV32NopeDim": C.V32_NOPE_DIM, "kV32RopeDim": C.V32_ROPE_DIM,
+    "kV32Tile": C.V32_TILE, "kV32Tiles": C.V32_NOPE_DIM // C.V32_TILE,
+    "kV32RopeOffset": C.V32_BYTES_PER_TOKEN - 2 * C.V32_ROPE_DIM, "kV32BytesPerEntry": C.V32_BYTES_PER_TOKEN,
+    "kIndexerHeadDim": C.INDEXER_HEAD_DIM, "kIndexerRopeDim": C.INDEXER_ROPE_DIM,
+    "kIndexerNopeDim": C.INDEXER_HEAD_DIM - C.INDEXER_ROPE_DIM,
+    "kIndexerScaleBytes": C.INDEXER_K_BYTES_PER_ENTRY - C.INDEXER_HEAD_DIM,
+    "kIndexerBytesPerEntry": C.INDEXER_K_BYTES_PER_ENTRY,
+}
+
+
+def header_constants() -> dict[str, int]:
+    """name -> value of every `constexpr int` scalar in the header, evaluated in order (C++ integer division)."""
+    values: dict[str, int] = {}
+    for declaration in re.findall(r"constexpr int (k\w+ = [^;\[]+);", LAYOUT_HEADER.read_text()):
+        for name, expr in re.findall(r"(k\w+) = ([^,]+)", declaration):
+            values[name] = eval(expr.replace("/", "//"), {}, dict(values))  # noqa: S307 (the project's own header)
+    return values
+
+
+def test_layout_header_agrees_with_constants():
+    assert header_constants() == PYTHON_LAYOUTS
+
+
+def test_page_alignments_include_the_one_dsv4_allocates_with():
+    alignments = re.search(r"kPageAlignments\[2\] = \{(\d+), (\d+)\}", LAYOUT_HEADER.read_text())
+    assert C.CACHE_ALIGNMENT in {int(alignments.group(1)), int(alignments.group(2))}

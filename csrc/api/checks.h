@@ -10,6 +10,7 @@
 #include <torch/csrc/stable/tensor.h>
 #include <torch/headeronly/core/ScalarType.h>
 
+#include "common/cache_layouts.h"
 #include "common/error.h"
 #include "common/indices.h"
 #include "common/params.h"
@@ -21,13 +22,6 @@ using torch::stable::Tensor;
 
 #define DSV4_CHECK(cond, op, ...) DSV4_REQUIRE((cond), "dsv4::", op, ": ", __VA_ARGS__)
 
-// Cache entry geometry shared by the writers and the readers: head dim and bytes per cache entry.
-constexpr int64_t kModel1HeadDim = 512, kModel1BytesPerEntry = 584;
-constexpr int64_t kV32HeadDim = 576, kV32BytesPerEntry = 656;
-constexpr int64_t kIndexerHeadDim = 128, kIndexerBytesPerEntry = 132;
-
-// Page alignments engines pad cache pages to (vLLM: 576 with fp8_ds_mla caches, 512 otherwise).
-constexpr int64_t kPageAlignments[2] = {512, 576};
 inline int64_t round_up(int64_t x, int64_t multiple) { return (x + multiple - 1) / multiple * multiple; }
 
 // The record format an entry size belongs to, for messages.

@@ -1,11 +1,4 @@
-// Byte layouts of the paged caches (see python/dsv4/reference/quant.py for the spec).
-
-constexpr int64_t kModel1NopeDim = 448, kModel1RopeDim = 64, kModel1Tile = 64;
-constexpr int64_t kModel1Tiles = kModel1NopeDim / kModel1Tile;
-constexpr int64_t kModel1DataBytes = 576, kModel1ScaleBytes = 8;
-constexpr int64_t kV32NopeDim = 512, kV32RopeDim = 64, kV32Tile = 128, kV32Tiles = 4;
-constexpr int64_t kV32BytesPerToken = 656;
-constexpr int64_t kIndexerDim = 128, kIndexerRopeDim = 64;
+// Stores and loads of the paged cache records (geometry: common/cache_layouts.h; spec: python/dsv4/reference/quant.py).
 
 // Page and offset of a slot, or nullptr when the slot is -1 or outside the cache.
 inline uint8_t* slot_page(const PagedCache& c, int64_t slot, int64_t* offset) {
@@ -51,7 +44,7 @@ inline void model1_load(const uint8_t* page, int64_t block_size, int64_t off, fl
 
 // V32 entry from 576 bf16-rounded values (512 NoPE, 64 RoPE).
 inline void v32_store(uint8_t* page, int64_t off, const float* x) {
-  uint8_t* entry = page + off * kV32BytesPerToken;
+  uint8_t* entry = page + off * kV32BytesPerEntry;
   float scales[kV32Tiles];
   for (int64_t t = 0; t < kV32Tiles; ++t)
     scales[t] = std::ldexp(1.0f, quantize_tile(x + t * kV32Tile, kV32Tile, entry + t * kV32Tile));
@@ -62,7 +55,7 @@ inline void v32_store(uint8_t* page, int64_t off, const float* x) {
 }
 
 inline void v32_load(const uint8_t* page, int64_t off, float* out) {
-  const uint8_t* entry = page + off * kV32BytesPerToken;
+  const uint8_t* entry = page + off * kV32BytesPerEntry;
   float scales[kV32Tiles];
   std::memcpy(scales, entry + kV32NopeDim, sizeof(scales));
   for (int64_t i = 0; i < kV32NopeDim; ++i) out[i] = e4m3_to_f32(entry[i]) * scales[i / kV32Tile];
@@ -73,8 +66,8 @@ inline void v32_load(const uint8_t* page, int64_t off, float* out) {
 
 // Indexer K entry from 128 bf16-rounded values: e4m3 codes plus a power-of-two fp32 scale.
 inline void indexer_k_store(uint8_t* page, int64_t block_size, int64_t off, const float* x) {
-  const int e = indexer_exponent(abs_max(x, kIndexerDim));
-  encode_e4m3_scaled(x, std::ldexp(1.0f, -e), kIndexerDim, page + off * kIndexerDim);
+  const int e = indexer_exponent(abs_max(x, kIndexerHeadDim));
+  encode_e4m3_scaled(x, std::ldexp(1.0f, -e), kIndexerHeadDim, page + off * kIndexerHeadDim);
   const float scale = std::ldexp(1.0f, e);
-  std::memcpy(page + block_size * kIndexerDim + 4 * off, &scale, 4);
+  std::memcpy(page + block_size * kIndexerHeadDim + 4 * off, &scale, 4);
 }

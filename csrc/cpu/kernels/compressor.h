@@ -68,7 +68,7 @@ inline void compress_norm_rope_store(const CompressNormRopeStoreParams& p) {
       for (int64_t d = 0; d < dim; ++d) acc[d] = acc[d] * inv_rms * p.norm_weight[d];
       const int64_t rope_start = dim - p.rope.rope_dim;
       rope_rotate(acc + rope_start, p.rope, (pos / p.ratio) * p.ratio, 1.0f);
-      if (dim == kIndexerDim) {
+      if (dim == kIndexerHeadDim) {
         for (int64_t d = 0; d < dim; ++d) acc[d] = round_bf16(acc[d]);
         indexer_k_store(page, p.cache.block_size, off, acc);
       } else {

@@ -4,15 +4,15 @@
 inline void indexer_q_rope_quant(const IndexerQRopeQuantParams& p) {
   const int64_t esize = dtype_bytes(p.dtype);
   parallel(p.num_tokens * p.num_heads, 2 * kGrainRows, [&](int64_t begin, int64_t end) {
-    float row[kIndexerDim];
+    float row[kIndexerHeadDim];
     for (int64_t i = begin; i < end; ++i) {
       const int64_t t = i / p.num_heads, h = i % p.num_heads;
-      load_row_f32(static_cast<const char*>(p.q) + (t * p.q_stride_t + h * p.q_stride_h) * esize, p.dtype, kIndexerDim, row);
-      const int64_t nope = kIndexerDim - kIndexerRopeDim;
+      load_row_f32(static_cast<const char*>(p.q) + (t * p.q_stride_t + h * p.q_stride_h) * esize, p.dtype, kIndexerHeadDim, row);
+      const int64_t nope = kIndexerHeadDim - kIndexerRopeDim;
       rope_rotate(row + nope, p.rope, index_at(p.positions, t), 1.0f);
-      for (int64_t d = nope; d < kIndexerDim; ++d) row[d] = round_bf16(row[d]);
-      const int e = indexer_exponent(abs_max(row, kIndexerDim));
-      encode_e4m3_scaled(row, std::ldexp(1.0f, -e), kIndexerDim, p.q_fp8 + i * kIndexerDim);
+      for (int64_t d = nope; d < kIndexerHeadDim; ++d) row[d] = round_bf16(row[d]);
+      const int e = indexer_exponent(abs_max(row, kIndexerHeadDim));
+      encode_e4m3_scaled(row, std::ldexp(1.0f, -e), kIndexerHeadDim, p.q_fp8 + i * kIndexerHeadDim);
       p.weights_out[i] = p.weights[t * p.w_stride_t + h] * std::ldexp(1.0f, e) * p.softmax_scale * p.head_scale;
     }
   });

@@ -76,13 +76,13 @@ inline void qnorm_rope_kv_insert(const QNormRopeKvInsertParams& p) {
 inline void indexer_k_quant_insert(const IndexerKQuantInsertParams& p) {
   const int64_t esize = dtype_bytes(p.dtype);
   parallel(p.num_tokens, 64, [&](int64_t begin, int64_t end) {
-    float row[kIndexerDim];
+    float row[kIndexerHeadDim];
     for (int64_t t = begin; t < end; ++t) {
       int64_t off;
       uint8_t* page = slot_page(p.cache, index_at(p.slots, t), &off);
       if (!page) continue;
-      load_row_f32(static_cast<const char*>(p.k) + t * p.k_stride * esize, p.dtype, kIndexerDim, row);
-      for (int64_t d = 0; d < kIndexerDim; ++d) row[d] = round_bf16(row[d]);
+      load_row_f32(static_cast<const char*>(p.k) + t * p.k_stride * esize, p.dtype, kIndexerHeadDim, row);
+      for (int64_t d = 0; d < kIndexerHeadDim; ++d) row[d] = round_bf16(row[d]);
       indexer_k_store(page, p.cache.block_size, off, row);
     }
   });

@@ -32,8 +32,8 @@ inline void prefetch_row(RowFormat format, const AttendedRow& row, int64_t d_qk)
     bytes = kModel1DataBytes;
     __builtin_prefetch(row.page + row.block_size * kModel1DataBytes + row.offset * kModel1ScaleBytes);
   } else if (format == RowFormat::v32) {
-    start += row.offset * kV32BytesPerToken;
-    bytes = kV32BytesPerToken;
+    start += row.offset * kV32BytesPerEntry;
+    bytes = kV32BytesPerEntry;
   }
   for (int64_t b = 0; b < bytes; b += kCacheLine) __builtin_prefetch(start + b);
 }
@@ -122,7 +122,7 @@ inline void stage_row(RowFormat format, const AttendedRow& row, int64_t d_qk, ui
       stage_model1_tile(data + t * kModel1Tile, scales[t], dst + t * kModel1Tile);
     std::memcpy(dst + kModel1NopeDim, data + kModel1NopeDim, kModel1RopeDim * sizeof(uint16_t));
   } else if (format == RowFormat::v32) {
-    const uint8_t* entry = row.page + row.offset * kV32BytesPerToken;
+    const uint8_t* entry = row.page + row.offset * kV32BytesPerEntry;
     float scales[kV32Tiles];
     std::memcpy(scales, entry + kV32NopeDim, sizeof(scales));
     for (int64_t t = 0; t < kV32Tiles; ++t)

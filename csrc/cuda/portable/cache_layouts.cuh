@@ -6,15 +6,10 @@
 //   V32 (656 B):    512 e4m3, 4 fp32 scales (128-dim tiles), 64 bf16 RoPE, in one entry.
 //   Indexer K:      128 e4m3 at 128 * i, one fp32 scale at 128 * block_size + 4 * i.
 #pragma once
+#include "common/cache_layouts.h"
 #include "cuda/portable/warp_rows.cuh"
 
 namespace dsv4::cuda {
-
-constexpr int kModel1NopeDim = 448, kModel1Dim = 512, kModel1Tile = 64, kModel1Tiles = 7;
-constexpr int kModel1DataBytes = 576, kModel1ScaleBytes = 8;
-constexpr int kV32NopeDim = 512, kV32Dim = 576, kV32Tile = 128, kV32Tiles = 4, kV32BytesPerEntry = 656;
-constexpr int kV32RopeOffset = kV32NopeDim + 4 * kV32Tiles;
-constexpr int kIndexerDim = 128, kIndexerNopeDim = 64;
 
 // ---- little-endian byte access ----
 DSV4_DEVICE void store_u16_bytes(uint8_t* p, uint16_t v) {
@@ -64,7 +59,7 @@ DSV4_DEVICE void store_bf16_lanes(uint8_t* dst, const float (&x)[J]) {
 
 // ---- MODEL1 ----
 // Entry from 448 bf16-rounded NoPE values and 64 RoPE values (rounded to bf16 here).
-DSV4_DEVICE void model1_store_lanes(uint8_t* data, uint8_t* scales, const float (&x)[lane_steps<kModel1Dim>()]) {
+DSV4_DEVICE void model1_store_lanes(uint8_t* data, uint8_t* scales, const float (&x)[lane_steps<kModel1HeadDim>()]) {
   const int lane = lane_id();
 #pragma unroll
   for (int t = 0; t < kModel1Tiles; ++t) {
@@ -76,10 +71,10 @@ DSV4_DEVICE void model1_store_lanes(uint8_t* data, uint8_t* scales, const float 
 }
 
 // Entry -> 512 floats.
-DSV4_DEVICE void model1_load_lanes(const uint8_t* data, const uint8_t* scales, float (&x)[lane_steps<kModel1Dim>()]) {
+DSV4_DEVICE void model1_load_lanes(const uint8_t* data, const uint8_t* scales, float (&x)[lane_steps<kModel1HeadDim>()]) {
   const int lane = lane_id();
 #pragma unroll
-  for (int j = 0; j < lane_steps<kModel1Dim>(); ++j) {
+  for (int j = 0; j < lane_steps<kModel1HeadDim>(); ++j) {
     const int i = j * kWarpSize + lane;
     x[j] = i < kModel1NopeDim ? e4m3_to_f32(data[i]) * ue8m0_value(scales[i / kModel1Tile])
                               : bf16_to_f32(load_u16_bytes(data + kModel1NopeDim + 2 * (i - kModel1NopeDim)));
@@ -88,7 +83,7 @@ DSV4_DEVICE void model1_load_lanes(const uint8_t* data, const uint8_t* scales, f
 
 // ---- V32 ----
 // Entry from 576 bf16-rounded values (512 NoPE, 64 RoPE).
-DSV4_DEVICE void v32_store_lanes(uint8_t* entry, const float (&x)[lane_steps<kV32Dim>()]) {
+DSV4_DEVICE void v32_store_lanes(uint8_t* entry, const float (&x)[lane_steps<kV32HeadDim>()]) {
   const int lane = lane_id();
 #pragma unroll
   for (int t = 0; t < kV32Tiles; ++t) {
@@ -98,10 +93,10 @@ DSV4_DEVICE void v32_store_lanes(uint8_t* entry, const float (&x)[lane_steps<kV3
   store_bf16_lanes<kV32NopeDim>(entry + kV32RopeOffset, x);
 }
 
-DSV4_DEVICE void v32_load_lanes(const uint8_t* entry, float (&x)[lane_steps<kV32Dim>()]) {
+DSV4_DEVICE void v32_load_lanes(const uint8_t* entry, float (&x)[lane_steps<kV32HeadDim>()]) {
   const int lane = lane_id();
 #pragma unroll
-  for (int j = 0; j < lane_steps<kV32Dim>(); ++j) {
+  for (int j = 0; j < lane_steps<kV32HeadDim>(); ++j) {
     const int i = j * kWarpSize + lane;
     x[j] = i < kV32NopeDim
                ? e4m3_to_f32(entry[i]) * __uint_as_float(load_u32_bytes(entry + kV32NopeDim + 4 * (i / kV32Tile)))
@@ -111,8 +106,8 @@ DSV4_DEVICE void v32_load_lanes(const uint8_t* entry, float (&x)[lane_steps<kV32
 
 // ---- indexer (K cache entries and fp8 q) ----
 // 128 values -> e4m3 codes with one power-of-two scale 2^e; returns e.
-DSV4_DEVICE int indexer_quantize_lanes(const float (&x)[lane_steps<kIndexerDim>()], uint8_t* codes) {
-  constexpr int kSteps = lane_steps<kIndexerDim>();
+DSV4_DEVICE int indexer_quantize_lanes(const float (&x)[lane_steps<kIndexerHeadDim>()], uint8_t* codes) {
+  constexpr int kSteps = lane_steps<kIndexerHeadDim>();
   const int lane = lane_id();
   const int e = indexer_exponent(warp_abs_max(x, 0, kSteps));
   const float mult = exp2_int(-e);
@@ -122,7 +117,7 @@ DSV4_DEVICE int indexer_quantize_lanes(const float (&x)[lane_steps<kIndexerDim>(
 }
 
 // K cache entry from 128 bf16-rounded values: codes, then the fp32 scale.
-DSV4_DEVICE void indexer_k_store_lanes(uint8_t* codes, uint8_t* scale, const float (&x)[lane_steps<kIndexerDim>()]) {
+DSV4_DEVICE void indexer_k_store_lanes(uint8_t* codes, uint8_t* scale, const float (&x)[lane_steps<kIndexerHeadDim>()]) {
   const int e = indexer_quantize_lanes(x, codes);
   if (lane_id() == 0) store_u32_bytes(scale, __float_as_uint(exp2_int(e)));
 }

@@ -45,9 +45,9 @@ DSV4_DEVICE void store_compressed(const CompressNormRopeStoreParams& p, const fl
 #pragma unroll
   for (int j = 0; j < kSteps; ++j) x[j] = x[j] * inv_rms * p.norm_weight[j * kWarpSize + lane];
   rope_lanes<kDim - kRopeDim>(x, p.rope, rope_pos, 1.0f);
-  if constexpr (kDim == kIndexerDim) {
+  if constexpr (kDim == kIndexerHeadDim) {
     round_lanes_bf16(x, 0, kSteps);
-    indexer_k_store_lanes(entry, slot_entry(p.cache, slot, p.cache.block_size * kIndexerDim, 4), x);
+    indexer_k_store_lanes(entry, slot_entry(p.cache, slot, p.cache.block_size * kIndexerHeadDim, 4), x);
   } else {
     round_lanes_bf16(x, 0, kModel1NopeDim / kWarpSize);
     model1_store_lanes(entry, slot_entry(p.cache, slot, p.cache.block_size * kModel1DataBytes, kModel1ScaleBytes), x);
@@ -58,7 +58,7 @@ template <int kDim>
 __global__ void __launch_bounds__(kPoolThreads) compress_norm_rope_store_kernel(CompressNormRopeStoreParams p) {
   static_assert(kDim % kPoolThreads == 0, "whole channels per thread");
   constexpr int kChannels = kDim / kPoolThreads;
-  constexpr int64_t kEntryBytes = kDim == kIndexerDim ? kIndexerDim : kModel1DataBytes;
+  constexpr int64_t kEntryBytes = kDim == kIndexerHeadDim ? kIndexerHeadDim : kModel1DataBytes;
   __shared__ int64_t window_rows[kMaxCompressWindow];  // offset of each window row's projection half, -1: invalid
   __shared__ float pooled[kDim];
   const int64_t width = p.coff * kDim;
@@ -119,10 +119,10 @@ cudaError_t launch_save_partial_states(const SavePartialStatesParams& p, cudaStr
 cudaError_t launch_compress_norm_rope_store(const CompressNormRopeStoreParams& p, cudaStream_t stream) {
   if (p.num_tokens <= 0) return cudaSuccess;
   const unsigned blocks = grid_blocks(p.num_tokens, 1);
-  if (p.head_dim == kIndexerDim)
-    compress_norm_rope_store_kernel<kIndexerDim><<<blocks, kPoolThreads, 0, stream>>>(p);
+  if (p.head_dim == kIndexerHeadDim)
+    compress_norm_rope_store_kernel<kIndexerHeadDim><<<blocks, kPoolThreads, 0, stream>>>(p);
   else
-    compress_norm_rope_store_kernel<kModel1Dim><<<blocks, kPoolThreads, 0, stream>>>(p);
+    compress_norm_rope_store_kernel<kModel1HeadDim><<<blocks, kPoolThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -7,7 +7,7 @@ namespace dsv4::cuda {
 namespace {
 
 __global__ void __launch_bounds__(kRowBlockThreads) indexer_q_rope_quant_kernel(IndexerQRopeQuantParams p) {
-  constexpr int kSteps = lane_steps<kIndexerDim>();
+  constexpr int kSteps = lane_steps<kIndexerHeadDim>();
   const int64_t rows = p.num_tokens * p.num_heads;
   for (int64_t r = first_warp_row(); r < rows; r += warp_row_step()) {
     const int64_t t = r / p.num_heads, h = r - t * p.num_heads;
@@ -17,7 +17,7 @@ __global__ void __launch_bounds__(kRowBlockThreads) indexer_q_rope_quant_kernel(
     load_lanes(p.q, p.dtype, t * p.q_stride_t + h * p.q_stride_h, x);
     rope_lanes<kIndexerNopeDim>(x, p.rope, pos, 1.0f);
     round_lanes_bf16(x, kIndexerNopeDim / kWarpSize, kSteps);  // the NoPE half keeps q's values
-    const int e = indexer_quantize_lanes(x, p.q_fp8 + r * kIndexerDim);
+    const int e = indexer_quantize_lanes(x, p.q_fp8 + r * kIndexerHeadDim);
     if (lane_id() == 0)
       p.weights_out[r] = p.weights[t * p.w_stride_t + h] * exp2_int(e) * p.softmax_scale * p.head_scale;
   }

@@ -6,7 +6,7 @@
 namespace dsv4::cuda {
 namespace {
 
-constexpr int kSteps = lane_steps<kModel1Dim>();
+constexpr int kSteps = lane_steps<kModel1HeadDim>();
 
 __global__ void __launch_bounds__(kRowBlockThreads) qnorm_rope_kernel(QNormRopeKvInsertParams p) {
   const int64_t rows = p.num_tokens * p.padded_heads;
@@ -15,17 +15,17 @@ __global__ void __launch_bounds__(kRowBlockThreads) qnorm_rope_kernel(QNormRopeK
     float x[kSteps];
     if (h >= p.num_heads) {
       for (float& v : x) v = 0.0f;
-      store_lanes(p.q_out, p.dtype, r * kModel1Dim, x);
+      store_lanes(p.q_out, p.dtype, r * kModel1HeadDim, x);
       continue;
     }
     const int64_t pos = index_at(p.positions, t);
     if (!rope_row_valid(p.rope, pos)) continue;  // no host check on CUDA: the row is left unwritten
     load_lanes(p.q, p.dtype, t * p.q_stride_t + h * p.q_stride_h, x);
-    const float inv_rms = 1.0f / sqrtf(warp_sum_squares(x) / float(kModel1Dim) + p.eps);
+    const float inv_rms = 1.0f / sqrtf(warp_sum_squares(x) / float(kModel1HeadDim) + p.eps);
 #pragma unroll
     for (int j = 0; j < kSteps; ++j) x[j] *= inv_rms;
     rope_lanes<kModel1NopeDim>(x, p.rope, pos, 1.0f);
-    store_lanes(p.q_out, p.dtype, r * kModel1Dim, x);
+    store_lanes(p.q_out, p.dtype, r * kModel1HeadDim, x);
   }
 }
 

@@ -8,7 +8,7 @@ namespace {
 
 template <KvLayout kLayout>
 __global__ void __launch_bounds__(kRowBlockThreads) quantize_kv_insert_kernel(QuantizeKvInsertParams p) {
-  constexpr int kDim = kLayout == KvLayout::model1 ? kModel1Dim : kV32Dim;
+  constexpr int kDim = kLayout == KvLayout::model1 ? kModel1HeadDim : kV32HeadDim;
   constexpr int kSteps = lane_steps<kDim>();
   for (int64_t t = first_warp_row(); t < p.num_tokens; t += warp_row_step()) {
     const int64_t slot = index_at(p.slots, t);
@@ -27,7 +27,7 @@ __global__ void __launch_bounds__(kRowBlockThreads) quantize_kv_insert_kernel(Qu
 
 template <KvLayout kLayout>
 __global__ void __launch_bounds__(kRowBlockThreads) dequantize_kv_gather_kernel(DequantizeKvGatherParams p) {
-  constexpr int kDim = kLayout == KvLayout::model1 ? kModel1Dim : kV32Dim;
+  constexpr int kDim = kLayout == KvLayout::model1 ? kModel1HeadDim : kV32HeadDim;
   constexpr int kSteps = lane_steps<kDim>();
   for (int64_t s = first_warp_row(); s < p.num_slots; s += warp_row_step()) {
     const int64_t slot = index_at(p.slots, s);
@@ -48,12 +48,12 @@ __global__ void __launch_bounds__(kRowBlockThreads) dequantize_kv_gather_kernel(
 __global__ void __launch_bounds__(kRowBlockThreads) indexer_k_quant_insert_kernel(IndexerKQuantInsertParams p) {
   for (int64_t t = first_warp_row(); t < p.num_tokens; t += warp_row_step()) {
     const int64_t slot = index_at(p.slots, t);
-    uint8_t* codes = slot_entry(p.cache, slot, 0, kIndexerDim);
+    uint8_t* codes = slot_entry(p.cache, slot, 0, kIndexerHeadDim);
     if (!codes) continue;
-    float x[lane_steps<kIndexerDim>()];
+    float x[lane_steps<kIndexerHeadDim>()];
     load_lanes(p.k, p.dtype, t * p.k_stride, x);
-    round_lanes_bf16(x, 0, lane_steps<kIndexerDim>());
-    indexer_k_store_lanes(codes, slot_entry(p.cache, slot, p.cache.block_size * kIndexerDim, 4), x);
+    round_lanes_bf16(x, 0, lane_steps<kIndexerHeadDim>());
+    indexer_k_store_lanes(codes, slot_entry(p.cache, slot, p.cache.block_size * kIndexerHeadDim, 4), x);
   }
 }
 

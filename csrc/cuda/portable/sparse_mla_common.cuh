@@ -5,15 +5,13 @@
 #pragma once
 #include <cstdint>
 
+#include "common/cache_layouts.h"
 #include "common/decode_schedule.h"
 #include "cuda/portable/common.cuh"
 
 namespace dsv4::cuda::mla {
 
-// ---- cache entry layouts (python/dsv4/reference/quant.py) ----
-constexpr int kModel1NopeDim = 448, kModel1Tile = 64, kModel1DataBytes = 576, kModel1ScaleBytes = 8;
-constexpr int kV32NopeDim = 512, kV32Tile = 128, kV32BytesPerEntry = 656;
-constexpr int kV32RopeOffset = kV32NopeDim + 16;  // after the 4 fp32 tile scales
+// ---- cache entry layouts (geometry: common/cache_layouts.h) ----
 constexpr int kValueDim = 512;  // V is the first 512 dims of an entry in both layouts
 constexpr int kChunkDims = 16;  // dims decoded per chunk
 constexpr int kChunkWords = kChunkDims / 2;  // packed bf16 pairs per chunk

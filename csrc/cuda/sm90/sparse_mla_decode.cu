@@ -35,7 +35,9 @@ constexpr int kScorer = 0, kDecoder = 2;  // warpgroup 0 scores, 1 values and pu
 // setmaxnreg per role. kWideValuer: the valuer takes 192 registers for its rows' 16-byte stores (store_row_wide)
 // and the decoders run at 64 (copying bf16 rows, the prefill, needs no more); otherwise the fp8 decoders take 72.
 // The fp8 kernel comes in both shapes: with no more requests than partitions (a CTA's last piece is staged, and most
-// CTAs have one) the 72-register decoders measured 1.6% faster, with more the wide stores 1.6-3.2% (docs/perf.md).
+// CTAs have one) the 72-register decoders measured 1.6% faster, with more the wide stores 1.6-3.2%
+// (docs/perf/2026-12-01-gpu-24-f16-operands-wide-valuer.md, "f16 operands for the fp8 kernel measured and dropped;
+// a wide-valuer shape of it").
 template <bool kWideValuer>
 struct RoleRegs {
   static constexpr int kScorer = 192, kValuer = kWideValuer ? 192 : 176, kDecoder = kWideValuer ? 64 : 72;
@@ -45,8 +47,9 @@ struct RoleRegs {
 // Named barriers (0 is __syncthreads): buffer b full = 1 + b (decoders -> scorer; its first half where the buffer
 // fills in halves), its second half full = 3 + b, P of buffer b ready = 5 + b (scorer -> valuer), the scorer's own,
 // the valuer's own, the staged output rows (scorer and valuer). Buffer b empty (scorer and valuer -> decoders) is
-// an mbarrier (empty_bar), which measured slightly faster than a named barrier (docs/perf.md) and needs no closing
-// sync of the last phases.
+// an mbarrier (empty_bar), which measured slightly faster than a named barrier and needs no closing sync of the last
+// phases (docs/perf/2026-12-01-gpu-12-decoder-profile-empty-mbarrier.md, "where the decoders wait (a profile), an
+// mbarrier for empty buffers, seven ideas dropped").
 constexpr int kBarFull = 1, kBarSecondHalf = 3, kBarProbs = 5, kBarScorer = 7, kBarValuer = 8, kBarStage = 9;
 constexpr int kFullThreads = 3 * kGroupThreads, kProbsThreads = 2 * kGroupThreads;
 constexpr int kPtrStages = 5;  // ring of published tiles' entry addresses
@@ -576,7 +579,8 @@ DSV4_SM90_DEVICE void walk_cursor(const SparseMlaDecodeParams& p, const int32_t*
 // the RoPE chunks (no conversion: cp.async), writes the bf16 rows and its half of the valid mask and hands the tile
 // to the scorer. Lanes 0, 4, .. 28 of warp w hold entries 32 d + 8 w .. + 7, whose valid bits form byte 4 d + w of
 // the tile's mask. kBf16Rows: the entries are bf16 rows (prefill), copied by cp.async in two halves, each handed
-// over once it has landed (the scorer's S starts on the first half; measured 3.5-4.5% faster, docs/perf.md).
+// over once it has landed (the scorer's S starts on the first half; measured 3.5-4.5% faster:
+// docs/perf/2026-12-01-gpu-22-kv-buffers-in-halves.md, "the bf16 prefill's K/V buffers fill in halves").
 template <bool kBf16Rows>
 DSV4_SM90_DEVICE void decode_role(const SparseMlaDecodeParams& p, const int32_t* meta, int d, uint8_t* smem) {
   const int t = threadIdx.x % kGroupThreads, part = t % kDecodeThreadsPerEntry;

@@ -1,0 +1,31 @@
+// Geometry of the paged cache records, for the bindings, the CPU tiers and both CUDA tiers alike (the byte-exact
+// spec is python/dsv4/reference/quant.py; python/dsv4/constants.py mirrors these numbers, and a test keeps the two
+// equal). Host and device code: plain constexpr ints only.
+#pragma once
+
+namespace dsv4 {
+
+// MODEL1 ("fp8_ds_mla", DeepSeek-V4): per entry 448 e4m3 NoPE + 64 bf16 RoPE (the data rows of a page), then per
+// entry 7 UE8M0 scale bytes (one per 64-dim tile) + 1 zero pad byte (the scale rows after all the data rows).
+constexpr int kModel1HeadDim = 512, kModel1NopeDim = 448, kModel1RopeDim = 64;
+constexpr int kModel1Tile = 64, kModel1Tiles = kModel1NopeDim / kModel1Tile;
+constexpr int kModel1DataBytes = kModel1NopeDim + 2 * kModel1RopeDim, kModel1ScaleBytes = 8;
+constexpr int kModel1BytesPerEntry = kModel1DataBytes + kModel1ScaleBytes;
+
+// V32 (DeepSeek-V3.2 FlashMLA): one 656-byte entry of 512 e4m3 NoPE, 4 fp32 scales (128-dim tiles), 64 bf16 RoPE.
+constexpr int kV32HeadDim = 576, kV32NopeDim = 512, kV32RopeDim = 64;
+constexpr int kV32Tile = 128, kV32Tiles = kV32NopeDim / kV32Tile;
+constexpr int kV32RopeOffset = kV32NopeDim + 4 * kV32Tiles;  // bytes: after the fp32 tile scales
+constexpr int kV32BytesPerEntry = kV32RopeOffset + 2 * kV32RopeDim;
+
+// Indexer K: 128 e4m3 per entry (the data rows of a page), then one fp32 scale per entry (the scale rows).
+constexpr int kIndexerHeadDim = 128, kIndexerRopeDim = 64, kIndexerNopeDim = kIndexerHeadDim - kIndexerRopeDim;
+constexpr int kIndexerScaleBytes = 4, kIndexerBytesPerEntry = kIndexerHeadDim + kIndexerScaleBytes;
+
+// Page alignments engines pad cache pages to (vLLM: 576 with fp8_ds_mla caches, 512 otherwise).
+constexpr int kPageAlignments[2] = {512, 576};
+
+static_assert(kModel1BytesPerEntry == 584 && kV32BytesPerEntry == 656 && kIndexerBytesPerEntry == 132,
+              "record sizes engines allocate for");
+
+}  // namespace dsv4
