@@ -1,4 +1,9 @@
 // AMX tile configuration shared by the AMX kernels (compiled only in the amx tier).
+#pragma once
+#include "cpu/kernels/numerics.h"
+
+namespace dsv4::cpu::DSV4_ISA {
+
 #if defined(__AMX_TILE__)
 
 // Palette-1 tile configuration (64 bytes, layout fixed by the ISA).
@@ -28,3 +33,5 @@ inline void configure_full_tiles(int count) {
 inline void configure_bf16_16x16_tiles() { configure_full_tiles(3); }
 
 #endif
+
+}  // namespace dsv4::cpu::DSV4_ISA

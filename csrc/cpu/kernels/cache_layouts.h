@@ -1,4 +1,8 @@
 // Stores and loads of the paged cache records (geometry: common/cache_layouts.h; spec: python/dsv4/reference/quant.py).
+#pragma once
+#include "cpu/kernels/numerics.h"
+
+namespace dsv4::cpu::DSV4_ISA {
 
 // Page and offset of a slot, or nullptr when the slot is -1 or outside the cache.
 inline uint8_t* slot_page(const PagedCache& c, int64_t slot, int64_t* offset) {
@@ -71,3 +75,5 @@ inline void indexer_k_store(uint8_t* page, int64_t block_size, int64_t off, cons
   const float scale = std::ldexp(1.0f, e);
   std::memcpy(page + block_size * kIndexerHeadDim + 4 * off, &scale, 4);
 }
+
+}  // namespace dsv4::cpu::DSV4_ISA

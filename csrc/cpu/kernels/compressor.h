@@ -1,5 +1,10 @@
 // Compressor: state rows [kv | score + ape] per raw token, then the softmax-pooled, normalized,
 // rotated and quantized compressed entry written by the last token of each group.
+#pragma once
+#include "cpu/kernels/numerics.h"
+#include "cpu/kernels/cache_layouts.h"
+
+namespace dsv4::cpu::DSV4_ISA {
 
 inline float* state_row(const StateCache& s, int64_t slot) {
   if (slot < 0 || slot >= s.num_blocks * s.block_size) return nullptr;
@@ -78,3 +83,5 @@ inline void compress_norm_rope_store(const CompressNormRopeStoreParams& p) {
     }
   });
 }
+
+}  // namespace dsv4::cpu::DSV4_ISA

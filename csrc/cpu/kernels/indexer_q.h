@@ -1,5 +1,9 @@
 // Indexer query: RoPE on dims [64, 128), per-(token, head) power-of-two fp8 quantization, with
 // the q scale folded into the head weights (the logits kernel then sees raw fp8 q).
+#pragma once
+#include "cpu/kernels/numerics.h"
+
+namespace dsv4::cpu::DSV4_ISA {
 
 inline void indexer_q_rope_quant(const IndexerQRopeQuantParams& p) {
   const int64_t esize = dtype_bytes(p.dtype);
@@ -17,3 +21,5 @@ inline void indexer_q_rope_quant(const IndexerQRopeQuantParams& p) {
     }
   });
 }
+
+}  // namespace dsv4::cpu::DSV4_ISA

@@ -2,6 +2,12 @@
 // (O(rows per block x longest row) per thread, never [rows x context]) and selects its top k there.
 // Scores use the same code path as fp8_paged_mqa_logits and selection the same as topk_transform,
 // so the result equals the unfused pair exactly.
+#pragma once
+#include "cpu/kernels/numerics.h"
+#include "cpu/kernels/mqa_logits.h"
+#include "cpu/kernels/topk.h"
+
+namespace dsv4::cpu::DSV4_ISA {
 
 inline void fp8_paged_mqa_topk(const PagedMqaTopkParams& p) {
   const int64_t blocks = (p.rows + kLogitsRowBlock - 1) / kLogitsRowBlock;
@@ -75,3 +81,5 @@ inline void fp8_paged_mqa_topk(const PagedMqaTopkParams& p) {
     delete[] queries;
   });
 }
+
+}  // namespace dsv4::cpu::DSV4_ISA

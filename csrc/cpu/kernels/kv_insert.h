@@ -1,6 +1,9 @@
 // KV-cache writers: generic MODEL1/V32 insert and gather, the fused SWA insert, indexer K insert.
+#pragma once
+#include "cpu/kernels/numerics.h"
+#include "cpu/kernels/cache_layouts.h"
 
-inline int64_t dtype_bytes(DType d) { return d == DType::f32 ? 4 : 2; }
+namespace dsv4::cpu::DSV4_ISA {
 
 inline void quantize_kv_insert(const QuantizeKvInsertParams& p) {
   const int64_t dim = p.layout == KvLayout::model1 ? kModel1NopeDim + kModel1RopeDim : kV32NopeDim + kV32RopeDim;
@@ -87,3 +90,5 @@ inline void indexer_k_quant_insert(const IndexerKQuantInsertParams& p) {
     }
   });
 }
+
+}  // namespace dsv4::cpu::DSV4_ISA

@@ -5,6 +5,11 @@
 // "B" operand). Head dot products run on AMX tiles (amx tier), vdpbf16ps (avx512 tier) or fp32 (others).
 // fp8 values are exact in bf16 and every product is exact in fp32; only the fp32 summation order differs
 // from the reference.
+#pragma once
+#include "cpu/kernels/numerics.h"
+#include "cpu/kernels/amx_tiles.h"
+
+namespace dsv4::cpu::DSV4_ISA {
 
 constexpr int64_t kLogitsMaxHeads = 128;
 constexpr int64_t kLogitsMaxDim = 256;
@@ -307,3 +312,5 @@ inline void fp8_mqa_logits(const MqaLogitsParams& p) {
     delete[] queries;
   });
 }
+
+}  // namespace dsv4::cpu::DSV4_ISA

@@ -1,5 +1,25 @@
-// Scalar and vector numerics shared by the CPU kernels of one tier (included inside the
-// tier's namespace by cpu/tier.inc; no includes here).
+// Scalar and vector numerics shared by the CPU kernels of one tier, and what every kernel header starts from: the
+// standard and intrinsics headers, the parameter structs, the record geometry and the tier's namespace name.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "common/cache_layouts.h"
+#include "common/params.h"
+#include "cpu/kernel_table.h"
+
+// tier_<isa>.cpp names the tier before including the kernels; a header opened on its own (an editor, a syntax
+// check) is read as the generic tier.
+#ifndef DSV4_ISA
+#define DSV4_ISA generic
+#endif
+
+namespace dsv4::cpu::DSV4_ISA {
 
 constexpr float kFp8Max = 448.0f;
 constexpr float kScaleFloor = 1e-4f;  // MODEL1/V32 tiles: floor of amax / 448
@@ -62,6 +82,9 @@ inline void store_row_from_f32(void* p, DType dtype, int64_t n, const float* src
     default: std::memcpy(p, src, n * sizeof(float));
   }
 }
+
+// Bytes per element of a float input or output.
+inline int64_t dtype_bytes(DType d) { return d == DType::f32 ? 4 : 2; }
 
 inline int64_t index_at(const IndexView& v, int64_t row, int64_t col = 0) {
   const int64_t i = row * v.row_stride + col * v.col_stride;
@@ -259,3 +282,5 @@ inline void parallel(int64_t n, int64_t grain, const F& f) {
   auto trampoline = [](void* ctx, int64_t b, int64_t e) { (*static_cast<const F*>(ctx))(b, e); };
   dsv4::cpu::parallel_for(0, n, grain, trampoline, const_cast<F*>(&f));
 }
+
+}  // namespace dsv4::cpu::DSV4_ISA

@@ -1,4 +1,8 @@
 // Inverse GPT-J RoPE of the attention output's last rope_dim dims (V = K includes RoPE dims).
+#pragma once
+#include "cpu/kernels/numerics.h"
+
+namespace dsv4::cpu::DSV4_ISA {
 
 inline void inverse_rope(const InverseRopeParams& p) {
   const int64_t esize = dtype_bytes(p.dtype);
@@ -13,3 +17,5 @@ inline void inverse_rope(const InverseRopeParams& p) {
     }
   });
 }
+
+}  // namespace dsv4::cpu::DSV4_ISA

@@ -1,4 +1,8 @@
 // Request-local positions -> global slot ids through a block table; -1 for anything unmapped.
+#pragma once
+#include "cpu/kernels/numerics.h"
+
+namespace dsv4::cpu::DSV4_ISA {
 
 inline void map_local_to_global_slots(const MapLocalToGlobalSlotsParams& p) {
   parallel(p.rows, 64, [&](int64_t begin, int64_t end) {
@@ -18,3 +22,5 @@ inline void map_local_to_global_slots(const MapLocalToGlobalSlotsParams& p) {
     }
   });
 }
+
+}  // namespace dsv4::cpu::DSV4_ISA

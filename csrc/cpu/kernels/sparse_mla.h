@@ -6,6 +6,13 @@
 // vector lanes and acc += P V (sparse_mla_gemm.h, sparse_mla_softmax.h). With few queries per thread (decode
 // batch 1) each query's columns are split across threads and the partial states merged through their lse,
 // so results depend on the thread count the way FlashMLA's depend on the SM count.
+#pragma once
+#include "cpu/kernels/numerics.h"
+#include "cpu/kernels/sparse_mla_rows.h"
+#include "cpu/kernels/sparse_mla_gemm.h"
+#include "cpu/kernels/sparse_mla_softmax.h"
+
+namespace dsv4::cpu::DSV4_ISA {
 
 constexpr int64_t kStageRows = 128;  // rows staged as keys per scores product (a multiple of kRowBlock)
 constexpr int64_t kValueRows = 512;  // rows per softmax and P.V product (a multiple of kStageRows): fewer passes
@@ -226,3 +233,5 @@ struct PrefillProblem {
 
 inline void sparse_mla_decode(const SparseMlaDecodeParams& p) { run_sparse_attention(DecodeProblem(p)); }
 inline void sparse_mla_prefill(const SparseMlaPrefillParams& p) { run_sparse_attention(PrefillProblem(p)); }
+
+}  // namespace dsv4::cpu::DSV4_ISA

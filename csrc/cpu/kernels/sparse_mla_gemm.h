@@ -8,6 +8,13 @@
 //   values  [rows/2][512][2]               V in VNNI pairs (rows 2e, 2e+1 interleaved)
 //   acc     fp32 [hp][512]
 // rows is a multiple of kRowBlock; hp (heads padded) a multiple of kHeadBlock.
+#pragma once
+#include "cpu/kernels/numerics.h"
+#include "cpu/kernels/amx_tiles.h"
+#include "cpu/kernels/sparse_mla_math.h"
+#include "cpu/kernels/sparse_mla_rows.h"
+
+namespace dsv4::cpu::DSV4_ISA {
 
 #if defined(__AVX512BF16__) && !defined(__AMX_BF16__)
 // vdpbf16ps issues at a quarter of vfmadd231ps's rate (Sapphire Rapids), so this tier widens bf16 to fp32
@@ -327,3 +334,5 @@ inline void accumulate_values(const uint16_t* probs, int64_t rows, const uint16_
   }
 }
 #endif
+
+}  // namespace dsv4::cpu::DSV4_ISA

@@ -1,4 +1,8 @@
 // Vector building blocks of the sparse MLA kernels: a 16x16 32-bit transpose, bf16 pair interleaving.
+#pragma once
+#include "cpu/kernels/numerics.h"
+
+namespace dsv4::cpu::DSV4_ISA {
 
 #if defined(__AVX512BF16__)
 // r[i] element j <-> r[j] element i, for 16 vectors of 16 32-bit elements.
@@ -60,3 +64,5 @@ inline __m512i bf16_pairs(__m512 a, __m512 b, const InterleaveIndex& index) {
   return _mm512_permutexvar_epi16(index.packed, ab);
 }
 #endif
+
+}  // namespace dsv4::cpu::DSV4_ISA

@@ -1,5 +1,11 @@
 // Attended rows of the sparse MLA kernels: where a row's bytes are, and staging it as a bf16 key row plus the
 // pair-interleaved value layout that the P.V product reads.
+#pragma once
+#include "cpu/kernels/numerics.h"
+#include "cpu/kernels/cache_layouts.h"
+#include "cpu/kernels/sparse_mla_math.h"
+
+namespace dsv4::cpu::DSV4_ISA {
 
 constexpr int64_t kValueDim = 512;  // V is the first 512 dims of every row (both layouts)
 constexpr int64_t kMaxQkDim = kV32NopeDim + kV32RopeDim;
@@ -151,3 +157,5 @@ inline void interleave_value_pair(const uint16_t* a, const uint16_t* b, uint16_t
   for (int64_t d = 0; d < kValueDim; ++d) values[2 * d] = a[d], values[2 * d + 1] = b[d];
 #endif
 }
+
+}  // namespace dsv4::cpu::DSV4_ISA

@@ -1,6 +1,13 @@
 // Online softmax of sparse MLA attention, heads in vector lanes: a lazily raised running max per head, fp32
 // sums of the unrounded weights, P rounded to bf16 for the P.V product; and the final combination of partial
 // states (one per split of the attended rows) into out, lse and max_logits.
+#pragma once
+#include "cpu/kernels/numerics.h"
+#include "cpu/kernels/sparse_mla_math.h"
+#include "cpu/kernels/sparse_mla_rows.h"
+#include "cpu/kernels/sparse_mla_gemm.h"
+
+namespace dsv4::cpu::DSV4_ISA {
 
 constexpr float kMaxSlack = 8.0f;  // the running max is raised only when a score passes it by more (P <= e^8)
 
@@ -175,3 +182,5 @@ inline void finish_query(const SoftmaxState* parts, int64_t num_parts, const Que
     write_weighted_row(rows, weight, n, o.out + h * kValueDim);
   }
 }
+
+}  // namespace dsv4::cpu::DSV4_ISA

@@ -5,6 +5,10 @@
 // long row split across threads, is scanned once against a key floor read off a sample; entries that
 // reach it go to a bounded candidate buffer that, when full, keeps its exact top k and raises the
 // floor. Radix select on the candidates finds the k winners and a stable radix sort orders them.
+#pragma once
+#include "cpu/kernels/numerics.h"
+
+namespace dsv4::cpu::DSV4_ISA {
 
 constexpr int kTopkDigitBits = 8;  // radix digit of the select and of the sort
 constexpr int kTopkDigits = 1 << kTopkDigitBits;
@@ -647,3 +651,5 @@ inline void topk_transform(const TopkTransformParams& p) {
     }
   });
 }
+
+}  // namespace dsv4::cpu::DSV4_ISA

@@ -1,0 +1,35 @@
+"""Every CPU kernel header is self-contained: it compiles on its own (g++ -fsyntax-only) with each tier's flags from
+CMakeLists.txt, so an editor can parse it and its includes say what it uses."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADERS = sorted((ROOT / "csrc" / "cpu" / "kernels").glob("*.h"))
+TIERS = ("generic", "avx2", "avx512", "amx")
+
+
+def tier_flags(tier: str) -> list[str]:
+    """The -m flags CMakeLists.txt compiles the tier with (nested ${DSV4_ISA_FLAGS_x} expanded)."""
+    cmake = (ROOT / "CMakeLists.txt").read_text()
+    value = re.search(rf'set\(DSV4_ISA_FLAGS_{tier} ([^)]*)\)', cmake).group(1).strip('"')
+    flags: list[str] = []
+    for word in value.split():
+        nested = re.fullmatch(r"\$\{DSV4_ISA_FLAGS_(\w+)\}", word)
+        flags += tier_flags(nested.group(1)) if nested else [word]
+    return flags
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ on this machine")
+@pytest.mark.parametrize("tier", TIERS)
+def test_each_header_compiles_alone(tier):
+    command = ["g++", "-std=c++17", "-fsyntax-only", f"-I{ROOT / 'csrc'}", f"-DDSV4_ISA={tier}", *tier_flags(tier),
+               "-x", "c++", *map(str, HEADERS)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-4000:]
