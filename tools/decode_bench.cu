@@ -131,7 +131,7 @@ void run_case(int64_t batch, int64_t heads, int64_t compressed, int64_t window, 
   CHECK(cudaMalloc(&p.sched.lse_accum, (batch + p.sched.num_parts) * heads * 4));
   CHECK(cudaMalloc(&p.out, batch * heads * kDim * 2));
   CHECK(cudaMalloc(&p.lse, batch * heads * 4));
-  CHECK(dsv4::cuda::launch_decode_schedule(p, nullptr));
+  CHECK(dsv4::cuda::launch_sparse_mla_decode_schedule(p, nullptr));
   std::vector<int32_t> splits(size_t(batch + 1));
   CHECK(cudaMemcpy(splits.data(), p.sched.num_splits, splits.size() * 4, cudaMemcpyDeviceToHost));
 

@@ -58,17 +58,17 @@ bool use_sm90() {
 
 // A table entry: the op's launcher on the current stream, its status checked. The lambda is generic, so it converts
 // to the entry's function-pointer type with the op's parameter struct.
-#define DSV4_WRAP(name) [](const auto& p) { check_launch(#name, launch_##name(p, current_stream())); }
+#define DSV4_WRAP_0(name) [](const auto& p) { check_launch(#name, launch_##name(p, current_stream())); }
 
 // A table entry with a Hopper kernel: the sm90 launcher on compute capability 9.0, else the portable one.
 #if defined(DSV4_HAVE_SM90)
-#define DSV4_WRAP_TIERED(name)                                                                    \
+#define DSV4_WRAP_1(name)                                                                         \
   [](const auto& p) {                                                                             \
     const cudaStream_t stream = current_stream();                                                 \
     check_launch(#name, use_sm90() ? launch_##name##_sm90(p, stream) : launch_##name(p, stream)); \
   }
 #else
-#define DSV4_WRAP_TIERED(name) DSV4_WRAP(name)
+#define DSV4_WRAP_1(name) DSV4_WRAP_0(name)
 #endif
 
 }  // namespace
@@ -76,22 +76,9 @@ bool use_sm90() {
 const KernelTable& kernels() {
   static const KernelTable table{
       "cuda",
-      DSV4_WRAP(qnorm_rope_kv_insert),
-      DSV4_WRAP(indexer_q_rope_quant),
-      DSV4_WRAP(save_partial_states),
-      DSV4_WRAP(compress_norm_rope_store),
-      DSV4_WRAP(quantize_kv_insert),
-      DSV4_WRAP(dequantize_kv_gather),
-      DSV4_WRAP(indexer_k_quant_insert),
-      DSV4_WRAP(map_local_to_global_slots),
-      DSV4_WRAP(inverse_rope),
-      DSV4_WRAP_TIERED(fp8_paged_mqa_logits),
-      DSV4_WRAP(fp8_mqa_logits),
-      DSV4_WRAP(topk_transform),
-      DSV4_WRAP_TIERED(fp8_paged_mqa_topk),
-      DSV4_WRAP_TIERED(sparse_mla_decode),
-      [](const auto& p) { check_launch("sparse_mla_decode_schedule", launch_decode_schedule(p, current_stream())); },
-      DSV4_WRAP_TIERED(sparse_mla_prefill),
+#define DSV4_CUDA_ENTRY(name, Params, hopper) DSV4_WRAP_##hopper(name),
+      DSV4_OPS(DSV4_CUDA_ENTRY)
+#undef DSV4_CUDA_ENTRY
   };
   return table;
 }

@@ -234,4 +234,7 @@ struct PrefillProblem {
 inline void sparse_mla_decode(const SparseMlaDecodeParams& p) { run_sparse_attention(DecodeProblem(p)); }
 inline void sparse_mla_prefill(const SparseMlaPrefillParams& p) { run_sparse_attention(PrefillProblem(p)); }
 
+// The decode plan alone: the planner is compiled once, in a baseline translation unit (cpu/decode_schedule.cpp).
+inline void sparse_mla_decode_schedule(const SparseMlaDecodeParams& p) { plan_decode_schedule_host(p); }
+
 }  // namespace dsv4::cpu::DSV4_ISA

@@ -10,7 +10,7 @@ __global__ void decode_schedule_kernel(SparseMlaDecodeParams p) { plan_decode_sc
 
 }  // namespace
 
-cudaError_t launch_decode_schedule(const SparseMlaDecodeParams& p, cudaStream_t stream) {
+cudaError_t launch_sparse_mla_decode_schedule(const SparseMlaDecodeParams& p, cudaStream_t stream) {
   decode_schedule_kernel<<<1, 1, 0, stream>>>(p);
   return cudaGetLastError();
 }

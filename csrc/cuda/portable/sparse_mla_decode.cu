@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kCtaThreads) sparse_mla_decode_kernel(SparseMl
 cudaError_t launch_sparse_mla_decode(const SparseMlaDecodeParams& p, cudaStream_t stream) {
   if (p.b == 0 || p.s_q == 0 || p.h_q == 0) return cudaSuccess;
   if (p.sched.plan) {
-    const cudaError_t planned = launch_decode_schedule(p, stream);
+    const cudaError_t planned = launch_sparse_mla_decode_schedule(p, stream);
     if (planned != cudaSuccess) return planned;
   }
   constexpr int kSharedBytes = int(sizeof(mla::CtaShared));

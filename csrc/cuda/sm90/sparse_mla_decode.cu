@@ -1184,7 +1184,7 @@ cudaError_t launch_sparse_mla_decode_sm90(const SparseMlaDecodeParams& p, cudaSt
   if (!covered(p)) return launch_sparse_mla_decode(p, stream);
   if (p.b == 0 || p.s_q == 0 || p.h_q == 0) return cudaSuccess;
   if (p.sched.plan) {
-    const cudaError_t planned = launch_decode_schedule(p, stream);
+    const cudaError_t planned = launch_sparse_mla_decode_schedule(p, stream);
     if (planned != cudaSuccess) return planned;
   }
   // More requests than partitions: CTAs finish several pieces, whose rows the wide valuer stores faster (RoleRegs).
