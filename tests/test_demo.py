@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dsv4.__main__ import main
-from dsv4.cache_manager import ScheduledBatch
-from dsv4.demo import prefill_batches
+from dsv4.model.cache_manager import ScheduledBatch
+from dsv4.model.demo import prefill_batches
 
 
 def test_prefill_schedule_chunks_under_the_budget():

@@ -18,10 +18,12 @@ import torch
 
 from conftest import CUDA_TIERS
 from dsv4 import ops
-from dsv4.cache_manager import CacheGroup, PagedCacheManager, ScheduledBatch
-from dsv4.config import TINY, V4_FLASH, V4_PRO, DeepseekV4AttentionConfig, get_config
-from dsv4.layer import DeepseekV4Attention
 from dsv4.metadata import LayerType, all_compressed_local_indices, layer_types
+from dsv4.model.cache_manager import CacheGroup, PagedCacheManager, ScheduledBatch
+from dsv4.model.config import TINY, V4_FLASH, V4_PRO, DeepseekV4AttentionConfig, get_config
+from dsv4.model.layer import DeepseekV4Attention
+from dsv4.model.stack import AttentionStack
+from dsv4.model.timing import OpTimer
 from dsv4.reference import quant
 from dsv4.reference.layer import (
     MAX_RELATIVE_ERROR,
@@ -33,8 +35,6 @@ from dsv4.reference.layer import (
     indexer_round_trip,
     model1_round_trip,
 )
-from dsv4.stack import AttentionStack
-from dsv4.timing import OpTimer
 
 MAX_ENTRY_ERROR = 0.03  # compressed / indexer cache entries vs the reference pooling (relative, per entry)
 MAX_MODEL_LEN = 2304

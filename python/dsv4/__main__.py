@@ -9,7 +9,7 @@ import sys
 import dsv4
 
 from .bench import GROUPS as BENCH_GROUPS
-from .config import PRESETS
+from .model.config import PRESETS
 
 # Demo defaults: a long prompt past the short-context bound (2052 tokens; the indexer selects 512 of its
 # entries) plus shorter ones, chunked under a 1024-token step budget; V4-Flash layers 0-3 (all three types).
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "info":
         info(args.json)
     elif args.command == "demo":
-        from .demo import run_demo
+        from .model.demo import run_demo
 
         prompts = [int(n) for n in args.prompts.split(",")]
         if min(prompts) < 1 or args.decode_steps < 1 or args.layers < 1 or args.step_tokens < 1:

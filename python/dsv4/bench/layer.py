@@ -13,14 +13,14 @@ from dataclasses import replace
 import torch
 
 from .. import ops
-from ..attention_step import COMPRESSED_GROUP
-from ..cache_manager import CacheGroup, ScheduledBatch
 from ..compat import vllm_cpu
-from ..config import V4_FLASH
 from ..constants import C4_RATIO, C128_RATIO, INDEXER_HEAD_DIM, MODEL1_BYTES_PER_TOKEN, MODEL1_HEAD_DIM, SWA_BLOCK_SIZE
 from ..metadata import LayerType
+from ..model.attention_step import COMPRESSED_GROUP
+from ..model.cache_manager import CacheGroup, ScheduledBatch
+from ..model.config import V4_FLASH
+from ..model.stack import AttentionStack
 from ..reference.layer import dense_attention
-from ..stack import AttentionStack
 from . import Case
 from .peer_ops import layer_ops, peer_ops
 

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import torch
 
-from .. import layer as layer_module
 from .. import ops
+from ..model import layer as layer_module
 from ..reference import writers as ref_writers
 from ..reference.quant import cache_pages as pages
 

@@ -95,7 +95,7 @@ def _indexer_selection(x, qr, weights, query_positions, config, cos_sin, count, 
 
 def dense_attention(layer, hidden: torch.Tensor, query_positions: torch.Tensor, fp8_storage: bool = False
                     ) -> torch.Tensor:
-    """fp32 ``[Q, hidden_size]`` outputs of ``layer`` (a :class:`dsv4.layer.DeepseekV4Attention`) for the tokens
+    """fp32 ``[Q, hidden_size]`` outputs of ``layer`` (a :class:`dsv4.model.layer.DeepseekV4Attention`) for the tokens
     at ``query_positions`` of one request whose token inputs are ``hidden [L, hidden_size]`` (positions 0..L-1)."""
     config, ratio = layer.config, layer.compress_ratio
     weights = {name: value.float().cpu() for name, value in layer.state_dict().items()}  # computed on the CPU

@@ -15,11 +15,11 @@ from enum import Enum
 
 import torch
 
-from . import cache
+from .. import cache
+from ..constants import C4_RATIO, C128_RATIO, COMPRESSED_LOGICAL_BLOCK, INDEXER_HEAD_DIM, SWA_BLOCK_SIZE
+from ..metadata import CommonAttentionMetadata, LayerType, compressor_state_block_size, make_common_metadata
+from ..metadata.layer_types import layer_types
 from .config import DeepseekV4AttentionConfig
-from .constants import C4_RATIO, C128_RATIO, COMPRESSED_LOGICAL_BLOCK, INDEXER_HEAD_DIM, SWA_BLOCK_SIZE
-from .metadata import CommonAttentionMetadata, LayerType, compressor_state_block_size, make_common_metadata
-from .metadata.layer_types import layer_types
 
 
 class CacheGroup(str, Enum):

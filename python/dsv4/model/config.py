@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .constants import INDEXER_HEAD_DIM, MODEL1_HEAD_DIM, ROPE_DIM, SLIDING_WINDOW
-from .metadata.layer_types import layer_types
-from .reference.indexer import TOPK_SIZES
-from .rope import YarnScaling
+from ..constants import INDEXER_HEAD_DIM, MODEL1_HEAD_DIM, ROPE_DIM, SLIDING_WINDOW
+from ..metadata.layer_types import layer_types
+from ..reference.indexer import TOPK_SIZES
+from ..rope import YarnScaling
 
 MAX_HEADS = 128  # the attention kernels take 1 to 128 query heads
 # Pretraining context 64K extended to 1M tokens: YaRN factor 16 over the original 65536 positions.

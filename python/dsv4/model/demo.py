@@ -17,12 +17,12 @@ import torch
 
 import dsv4
 
+from ..constants import MODEL1_NOPE_DIM, MODEL1_ROPE_DIM
+from ..metadata import layer_types
+from ..reference.layer import MAX_RELATIVE_ERROR, MIN_COSINE, agreement, dense_attention
 from .cache_manager import ScheduledBatch
 from .config import get_config
-from .constants import MODEL1_NOPE_DIM, MODEL1_ROPE_DIM
 from .layer import rms_norm
-from .metadata import layer_types
-from .reference.layer import MAX_RELATIVE_ERROR, MIN_COSINE, agreement, dense_attention
 from .stack import AttentionStack
 from .timing import OpTimer
 

@@ -6,9 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .backends import AttentionConfig, SparseImpl, select_sparse_impl
-from .cache_manager import CacheGroup, PagedCacheManager, ScheduledBatch
-from .metadata import (
+from ..backends import AttentionConfig, SparseImpl, select_sparse_impl
+from ..metadata import (
     AttentionMetadataConfig,
     CommonAttentionMetadata,
     CompressorMetadata,
@@ -19,6 +18,7 @@ from .metadata import (
     LayerType,
     compress_ratio_of,
 )
+from .cache_manager import CacheGroup, PagedCacheManager, ScheduledBatch
 
 COMPRESSED_GROUP = {LayerType.C4A: CacheGroup.C4_KV, LayerType.C128A: CacheGroup.C128_KV}
 STATE_GROUPS = {CacheGroup.C4_STATE: LayerType.C4A, CacheGroup.C4_INDEXER_STATE: LayerType.C4A,

@@ -18,14 +18,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import ops
+from .. import ops
+from ..cache import compressor_coff
+from ..constants import C4_RATIO, INDEXER_HEAD_DIM, SWA_BLOCK_SIZE
+from ..metadata import LayerType, all_compressed_local_indices, compress_ratio_of, layer_type_for_ratio
+from ..rope import rope_cos_sin_cache
 from .attention_step import StepMetadata
-from .cache import compressor_coff
 from .cache_manager import CacheGroup, LayerCaches, PagedCacheManager, ScheduledBatch
 from .config import DeepseekV4AttentionConfig
-from .constants import C4_RATIO, INDEXER_HEAD_DIM, SWA_BLOCK_SIZE
-from .metadata import LayerType, all_compressed_local_indices, compress_ratio_of, layer_type_for_ratio
-from .rope import rope_cos_sin_cache
 from .timing import NULL_TIMER
 
 __all__ = ["DeepseekV4Attention", "PagedCacheManager", "ScheduledBatch", "rms_norm"]
