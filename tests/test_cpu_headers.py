@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-HEADERS = sorted((ROOT / "csrc" / "cpu" / "kernels").glob("*.h"))
+HEADERS = sorted((ROOT / "csrc" / "cpu" / "kernels").rglob("*.h"))
 TIERS = ("generic", "avx2", "avx512", "amx")
 
 

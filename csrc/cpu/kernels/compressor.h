@@ -2,7 +2,7 @@
 // rotated and quantized compressed entry written by the last token of each group.
 #pragma once
 #include "cpu/kernels/numerics.h"
-#include "cpu/kernels/cache_layouts.h"
+#include "cpu/kernels/records.h"
 
 namespace dsv4::cpu::DSV4_ISA {
 

@@ -1,5 +1,5 @@
 // Byte layouts of the paged caches for warp-per-row kernels (spec: python/dsv4/reference/quant.py; the same bytes
-// as csrc/cpu/kernels/cache_layouts.h). Rows are lane-strided registers (warp_rows.cuh); every function is called
+// as csrc/cpu/kernels/records.h). Rows are lane-strided registers (warp_rows.cuh); every function is called
 // by a whole warp. Cache bytes are written and read one byte at a time: pages may start at any byte.
 //   MODEL1 (584 B): data at 576 * i (448 e4m3 NoPE, 64 bf16 RoPE), scales at 576 * block_size + 8 * i
 //                   (7 UE8M0 bytes, one per 64-dim tile, then a zero pad byte).

@@ -3,14 +3,14 @@
 // Per query token, its valid attended rows (main set then extra set, in column order; a row listed twice is
 // attended twice; invalid entries are never read) are staged kStageRows at a time as bf16, dequantized once
 // and shared by all heads, for S^T = K Q^T; every kValueRows rows follow an online softmax with heads in
-// vector lanes and acc += P V (sparse_mla_gemm.h, sparse_mla_softmax.h). With few queries per thread (decode
+// vector lanes and acc += P V (gemm.h, softmax.h). With few queries per thread (decode
 // batch 1) each query's columns are split across threads and the partial states merged through their lse,
 // so results depend on the thread count the way FlashMLA's depend on the SM count.
 #pragma once
 #include "cpu/kernels/numerics.h"
-#include "cpu/kernels/sparse_mla_rows.h"
-#include "cpu/kernels/sparse_mla_gemm.h"
-#include "cpu/kernels/sparse_mla_softmax.h"
+#include "cpu/kernels/sparse_mla/rows.h"
+#include "cpu/kernels/sparse_mla/gemm.h"
+#include "cpu/kernels/sparse_mla/softmax.h"
 
 namespace dsv4::cpu::DSV4_ISA {
 

@@ -2,8 +2,8 @@
 // pair-interleaved value layout that the P.V product reads.
 #pragma once
 #include "cpu/kernels/numerics.h"
-#include "cpu/kernels/cache_layouts.h"
-#include "cpu/kernels/sparse_mla_math.h"
+#include "cpu/kernels/records.h"
+#include "cpu/kernels/sparse_mla/math.h"
 
 namespace dsv4::cpu::DSV4_ISA {
 

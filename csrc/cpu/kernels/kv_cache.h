@@ -1,7 +1,7 @@
 // KV-cache writers: generic MODEL1/V32 insert and gather, the fused SWA insert, indexer K insert.
 #pragma once
 #include "cpu/kernels/numerics.h"
-#include "cpu/kernels/cache_layouts.h"
+#include "cpu/kernels/records.h"
 
 namespace dsv4::cpu::DSV4_ISA {
 

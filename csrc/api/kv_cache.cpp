@@ -1,4 +1,5 @@
-// Bindings of the KV-cache writers: checks, then tensor -> params, then the selected CPU tier.
+// Bindings of the KV-cache writers and the gather (MODEL1 / V32 records, the SWA insert, indexer K): checks, then
+// tensor -> params, then the selected tier.
 #include <vector>
 
 #include <torch/csrc/stable/library.h>
@@ -8,8 +9,6 @@
 
 namespace dsv4::api {
 namespace {
-
-constexpr int64_t kRopeDim = 64;
 
 // `a` names the argument that carries the head dim (kv's last dimension, or head_dim itself).
 KvLayout layout_for_head_dim(Arg a, int64_t head_dim) {
@@ -78,7 +77,7 @@ void qnorm_rope_kv_insert(Tensor q, Tensor kv, Tensor positions, Tensor cos_sin_
   DSV4_CHECK(slot_mapping.size(0) <= q.size(0) && slot_mapping.size(0) <= kv.size(0), op,
              "argument 'slot_mapping' has ", slot_mapping.size(0), " entries but q has ", q.size(0), " tokens and kv ",
              kv.size(0), " rows (one slot per inserted token, at most one per token)");
-  p.rope = rope_table({op, "cos_sin_cache"}, cos_sin_cache, kRopeDim);
+  p.rope = rope_table({op, "cos_sin_cache"}, cos_sin_cache, kModel1RopeDim);
   p.cache = paged_cache({op, "kv_cache"}, kv_cache, block_size, kModel1BytesPerEntry);
   check_dim({op, "q_out"}, q_out, 3);
   check_dtype({op, "q_out"}, q_out, {q.scalar_type()});
@@ -124,48 +123,6 @@ void indexer_k_quant_insert(Tensor k, Tensor slot_mapping, Tensor kv_cache, int6
   backend_kernels().indexer_k_quant_insert(p);
 }
 
-void indexer_q_rope_quant(Tensor q, Tensor positions, Tensor cos_sin_cache, Tensor weights, double softmax_scale,
-                          double head_scale, Tensor q_fp8, Tensor weights_out) {
-  const char* op = "indexer_q_rope_quant";
-  const DeviceScope scope(q);
-  check_same_device(op, q, {{"positions", &positions}, {"cos_sin_cache", &cos_sin_cache}, {"weights", &weights},
-                            {"q_fp8", &q_fp8}, {"weights_out", &weights_out}});
-  IndexerQRopeQuantParams p;
-  p.dtype = float_dtype({op, "q"}, q);
-  check_dim({op, "q"}, q, 3);
-  check_size({op, "q"}, q, 2, kIndexerHeadDim);
-  check_last_dim_contiguous({op, "q"}, q);
-  p.positions = index_view({op, "positions"}, positions, 1);
-  check_size({op, "positions"}, positions, 0, q.size(0));
-  p.rope = rope_table({op, "cos_sin_cache"}, cos_sin_cache, kRopeDim);
-  check_dtype({op, "weights"}, weights, {ScalarType::Float});
-  check_dim({op, "weights"}, weights, 2);
-  check_size({op, "weights"}, weights, 0, q.size(0));
-  check_size({op, "weights"}, weights, 1, q.size(1));
-  check_last_dim_contiguous({op, "weights"}, weights);
-  check_dtype({op, "q_fp8"}, q_fp8, {ScalarType::Float8_e4m3fn, ScalarType::Byte});
-  check_contiguous({op, "q_fp8"}, q_fp8);
-  DSV4_CHECK(q_fp8.dim() == 3 && q_fp8.size(0) == q.size(0) && q_fp8.size(1) == q.size(1) && q_fp8.size(2) == kIndexerHeadDim,
-             op, "argument 'q_fp8' must have q's shape ", shape_str(q), ", got ", shape_str(q_fp8));
-  check_dtype({op, "weights_out"}, weights_out, {ScalarType::Float});
-  check_contiguous({op, "weights_out"}, weights_out);
-  DSV4_CHECK(weights_out.dim() == 2 && weights_out.size(0) == q.size(0) && weights_out.size(1) == q.size(1), op,
-             "argument 'weights_out' must have shape [", q.size(0), ", ", q.size(1), "], got ", shape_str(weights_out));
-  check_no_overlap(op, "q_fp8", q_fp8, {{"q", &q}, {"positions", &positions}, {"cos_sin_cache", &cos_sin_cache},
-                                        {"weights", &weights}, {"weights_out", &weights_out}});
-  check_no_overlap(op, "weights_out", weights_out, {{"q", &q}, {"positions", &positions},
-                                                    {"cos_sin_cache", &cos_sin_cache}, {"weights", &weights}});
-  p.q = q.const_data_ptr();
-  p.num_tokens = q.size(0), p.num_heads = q.size(1), p.q_stride_t = q.stride(0), p.q_stride_h = q.stride(1);
-  p.weights = static_cast<const float*>(weights.const_data_ptr());
-  p.w_stride_t = weights.stride(0);
-  p.softmax_scale = float(softmax_scale), p.head_scale = float(head_scale);
-  p.q_fp8 = static_cast<uint8_t*>(q_fp8.data_ptr());
-  p.weights_out = static_cast<float*>(weights_out.data_ptr());
-  check_values_in_range({op, "positions"}, p.positions, p.num_tokens, p.rope.rows);
-  backend_kernels().indexer_q_rope_quant(p);
-}
-
 }  // namespace
 
 DSV4_BACKEND_IMPL(m) {
@@ -173,7 +130,6 @@ DSV4_BACKEND_IMPL(m) {
   m.impl("dequantize_kv_gather", TORCH_BOX(&dequantize_kv_gather));
   m.impl("qnorm_rope_kv_insert", TORCH_BOX(&qnorm_rope_kv_insert));
   m.impl("indexer_k_quant_insert", TORCH_BOX(&indexer_k_quant_insert));
-  m.impl("indexer_q_rope_quant", TORCH_BOX(&indexer_q_rope_quant));
 }
 
 }  // namespace dsv4::api

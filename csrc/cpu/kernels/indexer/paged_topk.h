@@ -4,7 +4,7 @@
 // so the result equals the unfused pair exactly.
 #pragma once
 #include "cpu/kernels/numerics.h"
-#include "cpu/kernels/mqa_logits.h"
+#include "cpu/kernels/indexer/logits.h"
 #include "cpu/kernels/topk.h"
 
 namespace dsv4::cpu::DSV4_ISA {

@@ -11,8 +11,8 @@
 #pragma once
 #include "cpu/kernels/numerics.h"
 #include "cpu/kernels/amx_tiles.h"
-#include "cpu/kernels/sparse_mla_math.h"
-#include "cpu/kernels/sparse_mla_rows.h"
+#include "cpu/kernels/sparse_mla/math.h"
+#include "cpu/kernels/sparse_mla/rows.h"
 
 namespace dsv4::cpu::DSV4_ISA {
 

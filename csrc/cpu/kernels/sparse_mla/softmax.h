@@ -3,9 +3,9 @@
 // states (one per split of the attended rows) into out, lse and max_logits.
 #pragma once
 #include "cpu/kernels/numerics.h"
-#include "cpu/kernels/sparse_mla_math.h"
-#include "cpu/kernels/sparse_mla_rows.h"
-#include "cpu/kernels/sparse_mla_gemm.h"
+#include "cpu/kernels/sparse_mla/math.h"
+#include "cpu/kernels/sparse_mla/rows.h"
+#include "cpu/kernels/sparse_mla/gemm.h"
 
 namespace dsv4::cpu::DSV4_ISA {
 
@@ -43,7 +43,7 @@ inline void raise_max(const SoftmaxState& s, int64_t h, float new_max) {
 }
 
 // scores [rows][hp] (the first n rows are real) -> scaled in place; state updated; probs = P rounded to bf16
-// (layout: sparse_mla_gemm.h), zero for the padding rows.
+// (layout: gemm.h), zero for the padding rows.
 inline void softmax_step(float* scores, int64_t n, int64_t rows, int64_t hp, float scale, const SoftmaxState& s,
                          ProbElement* probs) {
 #if defined(__AVX512BF16__)
