@@ -17,7 +17,7 @@ import torch
 from conftest import random_pages
 from dsv4.cache import kv_page_bytes
 from dsv4.constants import MODEL1_HEAD_DIM, V32_HEAD_DIM
-from dsv4.reference import attention, quant
+from dsv4.reference import quant, sparse_mla
 
 FULL_GRID_ENV = "DSV4_FULL_GRID"  # =1 runs the whole grid (as does selecting the slow marker: -m slow)
 LAYOUTS = {MODEL1_HEAD_DIM: "model1", V32_HEAD_DIM: "v32"}
@@ -29,7 +29,7 @@ OUT_TOL = 1e-2  # bf16 output, atol and rtol (FlashMLA's and SGLang's tolerance)
 LSE_TOL = 5e-3  # lse and max_logits on finite entries, atol and rtol
 INVALID_FRACTION = 0.2  # entries replaced by -1, a negative id or an id past the cache
 SPLIT_THREADS = (1, 2, 3, 8)  # intra-op thread counts: a single query's entries split 1, 2, 3 and 8 ways
-D_V = attention.HEAD_DIM_V
+D_V = sparse_mla.HEAD_DIM_V
 
 
 def require_full_grid(request) -> None:
@@ -141,7 +141,7 @@ def assert_attention_close(out, lse, ref_out, ref_lse, max_logits=None, ref_max_
 
 
 def reference_decode(args: dict):
-    return attention.sparse_mla_decode(**args)
+    return sparse_mla.sparse_mla_decode(**args)
 
 
 def decode_grid() -> list[DecodeCase]:
@@ -220,7 +220,7 @@ def prefill_inputs(case: PrefillCase) -> dict:
 
 
 def reference_prefill(args: dict):
-    return attention.sparse_mla_prefill(**args)
+    return sparse_mla.sparse_mla_prefill(**args)
 
 
 def prefill_grid() -> list[PrefillCase]:

@@ -11,7 +11,7 @@ import torch
 
 from conftest import CUDA_TIERS
 from dsv4 import cache, flash_mla, ops
-from dsv4.reference import attention, indexer
+from dsv4.reference import indexer, sparse_mla
 from sparse_mla_cases import (
     DecodeCase,
     PrefillCase,
@@ -134,7 +134,7 @@ def test_flash_mla_plans_on_the_device_once():
     out, lse = flash_mla.flash_mla_with_kvcache(tile_scheduler_metadata=sched, **kwargs)
     plan = sched.tile_scheduler_metadata
     assert plan is not None and plan.is_cuda and sched.num_splits.is_cuda
-    assert_attention_close(out.cpu(), lse.cpu(), *attention.sparse_mla_decode(**args))
+    assert_attention_close(out.cpu(), lse.cpu(), *sparse_mla.sparse_mla_decode(**args))
     kwargs["q"] = torch.randn_like(kwargs["q"].float()).bfloat16()
     flash_mla.flash_mla_with_kvcache(tile_scheduler_metadata=sched, **kwargs)
     assert sched.tile_scheduler_metadata is plan, "a planned schedule object is reused, not replanned"
@@ -164,7 +164,7 @@ def test_decode_graph_capture_and_replay(tier, monkeypatch):
         static["topk_length"].copy_(args["topk_length"])
         graph.replay()
         torch.cuda.synchronize()
-        assert_attention_close(out.cpu(), lse.cpu(), *attention.sparse_mla_decode(**args))
+        assert_attention_close(out.cpu(), lse.cpu(), *sparse_mla.sparse_mla_decode(**args))
     first = out.clone()
     graph.replay()
     assert torch.equal(out, first), "a replay on the same inputs gives the same bits"

@@ -8,7 +8,7 @@ import torch
 from conftest import INDEX_DTYPES, MAX_POSITION, assert_rejects, random_positions, rope_table, ulp_distance, with_last
 from dsv4 import ops
 from dsv4.constants import FP8_MAX, INDEXER_AMAX_FLOOR, INDEXER_HEAD_DIM
-from dsv4.reference import writers
+from dsv4.reference import indexer, rope_slots
 
 SOFTMAX_SCALE = INDEXER_HEAD_DIM**-0.5
 MAX_ULP = 1  # fp8 codes: at most one step from the reference
@@ -38,7 +38,7 @@ def run_and_check(q, positions, weights):
     q_fp8, weights_out = poisoned_outputs(q.shape[0], q.shape[1])
     ops.indexer_q_rope_quant(q, positions, cos_sin, weights, SOFTMAX_SCALE, head_scale, q_fp8=q_fp8,
                              weights_out=weights_out)
-    expected_fp8, expected_weights = writers.indexer_q_rope_quant(q, positions, cos_sin, weights, SOFTMAX_SCALE,
+    expected_fp8, expected_weights = indexer.indexer_q_rope_quant(q, positions, cos_sin, weights, SOFTMAX_SCALE,
                                                                   head_scale)
     ulp = ulp_distance(q_fp8, expected_fp8)
     assert torch.all(ulp <= MAX_ULP)
@@ -81,7 +81,7 @@ def test_wrapper_defaults():
     q, positions, weights = random_q(tokens, heads), random_positions(tokens), torch.randn(tokens, heads)
     cos_sin = rope_table(MAX_POSITION)
     q_fp8, weights_out = ops.indexer_q_rope_quant(q, positions, cos_sin, weights)
-    expected_fp8, expected_weights = writers.indexer_q_rope_quant(q, positions, cos_sin, weights, SOFTMAX_SCALE,
+    expected_fp8, expected_weights = indexer.indexer_q_rope_quant(q, positions, cos_sin, weights, SOFTMAX_SCALE,
                                                                   heads**-0.5)
     assert q_fp8.dtype == torch.float8_e4m3fn and q_fp8.shape == q.shape
     assert torch.all(ulp_distance(q_fp8, expected_fp8) <= MAX_ULP)
@@ -94,10 +94,10 @@ def test_reference_semantics():
     tokens, heads = 6, 4
     q, positions, weights = random_q(tokens, heads), random_positions(tokens), torch.rand(tokens, heads) + 0.5
     cos_sin = rope_table(MAX_POSITION)
-    q_fp8, weights_out = writers.indexer_q_rope_quant(q, positions, cos_sin, weights, 1.0, 1.0)
+    q_fp8, weights_out = indexer.indexer_q_rope_quant(q, positions, cos_sin, weights, 1.0, 1.0)
     scale = weights_out / weights
     assert torch.equal(torch.log2(scale), torch.log2(scale).round()), "q scales are powers of two"
-    rotated = writers.apply_rope(q, positions, cos_sin)
+    rotated = rope_slots.apply_rope(q, positions, cos_sin)
     amax = rotated.abs().amax(-1)
     fitted = amax / scale
     above_floor = amax > INDEXER_AMAX_FLOOR

@@ -8,7 +8,7 @@ import torch
 from conftest import INDEX_DTYPES, MAX_POSITION, assert_rejects, random_positions, rope_table, ulp_distance, with_last
 from dsv4 import ops
 from dsv4.constants import MODEL1_HEAD_DIM, ROPE_DIM, V32_HEAD_DIM
-from dsv4.reference import writers
+from dsv4.reference import rope_slots
 
 MAX_ULP = 1  # in the output dtype, fp32 included: the op is one rotation in fp32
 MIN_EXACT_FRACTION = 0.99
@@ -20,7 +20,7 @@ HEAD_COUNTS = [1, 8, 16, 64, 128]
 def run_and_check(o, positions, cos_sin, out_dtype):
     out = torch.full(o.shape, float("nan"), dtype=out_dtype)
     assert ops.inverse_rope(o, positions, cos_sin, out=out) is out
-    expected = writers.inverse_rope(o, positions, cos_sin, out_dtype)
+    expected = rope_slots.inverse_rope(o, positions, cos_sin, out_dtype)
     ulp = ulp_distance(out, expected)
     assert torch.all(ulp <= MAX_ULP)
     assert ulp.numel() == 0 or (ulp == 0).float().mean() >= MIN_EXACT_FRACTION
@@ -66,7 +66,7 @@ def test_wrapper_default_dtype():
     o, positions, cos_sin = torch.randn(3, 2, MODEL1_HEAD_DIM).bfloat16(), random_positions(3), rope_table(MAX_POSITION)
     out = ops.inverse_rope(o, positions, cos_sin)
     assert out.dtype == torch.bfloat16
-    assert torch.all(ulp_distance(out, writers.inverse_rope(o, positions, cos_sin)) <= MAX_ULP)
+    assert torch.all(ulp_distance(out, rope_slots.inverse_rope(o, positions, cos_sin)) <= MAX_ULP)
 
 
 def test_undoes_forward_rope(isa):
@@ -74,7 +74,7 @@ def test_undoes_forward_rope(isa):
     tokens, heads = 5, 4
     x = torch.randn(tokens, heads, MODEL1_HEAD_DIM)
     positions, cos_sin = random_positions(tokens), rope_table(MAX_POSITION)
-    rotated = writers.apply_rope(x, positions, cos_sin)
+    rotated = rope_slots.apply_rope(x, positions, cos_sin)
     assert not torch.allclose(rotated, x, rtol=ROUND_TRIP_TOL, atol=ROUND_TRIP_TOL)
     torch.testing.assert_close(ops.inverse_rope(rotated, positions, cos_sin), x, rtol=ROUND_TRIP_TOL,
                                atol=ROUND_TRIP_TOL)
@@ -89,9 +89,9 @@ def test_apply_rope_is_complex_rotation():
     phase = torch.complex(rows[:, : ROPE_DIM // 2], rows[:, ROPE_DIM // 2 :])[:, None, :]
     pairs = torch.view_as_complex(x[..., nope:].reshape(tokens, heads, -1, 2).contiguous())
     expected = torch.cat([x[..., :nope], torch.view_as_real(pairs * phase).flatten(-2)], dim=-1)
-    torch.testing.assert_close(writers.apply_rope(x, positions, cos_sin), expected.float())
+    torch.testing.assert_close(rope_slots.apply_rope(x, positions, cos_sin), expected.float())
     inverse = torch.view_as_real(pairs * phase.conj()).flatten(-2)
-    torch.testing.assert_close(writers.apply_rope(x, positions, cos_sin, inverse=True)[..., nope:], inverse.float())
+    torch.testing.assert_close(rope_slots.apply_rope(x, positions, cos_sin, inverse=True)[..., nope:], inverse.float())
 
 
 def test_opcheck(opcheck):

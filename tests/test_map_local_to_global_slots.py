@@ -7,7 +7,7 @@ import torch
 
 from conftest import INDEX_DTYPES, PAGE_SIZES, assert_rejects
 from dsv4 import ops
-from dsv4.reference import writers
+from dsv4.reference import rope_slots
 
 NUM_REQUESTS, MAX_BLOCKS, NUM_PHYSICAL_BLOCKS = 4, 6, 40
 UNALLOCATED = -1  # block-table entry of a block the request does not own
@@ -28,7 +28,7 @@ def random_local(rows: int, cols: int, block_size: int, dtype) -> torch.Tensor:
 
 def run_and_check(local, req_ids, block_table, block_size):
     out = ops.map_local_to_global_slots(local, req_ids, block_table, block_size)
-    expected = writers.map_local_to_global_slots(local, req_ids, block_table, block_size)
+    expected = rope_slots.map_local_to_global_slots(local, req_ids, block_table, block_size)
     assert out.dtype == local.dtype and out.is_contiguous()
     assert torch.equal(out, expected)
 
@@ -77,7 +77,7 @@ def test_reference_by_hand():
     local = torch.tensor([[0, 3, 4, 7, 8, 12, -1], [0, 5, 11, 12, -1, 2, 9]], dtype=torch.int32)
     req_ids = torch.tensor([0, 1])
     expected = torch.tensor([[20, 23, 8, 11, -1, -1, -1], [28, 1, 7, -1, -1, 30, 5]], dtype=torch.int32)
-    assert torch.equal(writers.map_local_to_global_slots(local, req_ids, block_table, 4), expected)
+    assert torch.equal(rope_slots.map_local_to_global_slots(local, req_ids, block_table, 4), expected)
     assert torch.equal(ops.map_local_to_global_slots(local, req_ids, block_table, 4), expected)
 
 

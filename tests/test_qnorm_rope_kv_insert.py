@@ -33,7 +33,7 @@ from dsv4.constants import (
     MODEL1_SCALE_BYTES,
     MODEL1_TILE,
 )
-from dsv4.reference import quant, writers
+from dsv4.reference import kv_cache, quant, rope_slots
 
 EPS = 1e-6
 MAX_ULP = 1  # q_out bf16/fp16, cache fp8 codes and bf16 RoPE values: at most one step from the reference
@@ -103,7 +103,7 @@ def run_and_check(q, kv, positions, slots, cache, block_size, padded_heads, *, p
     q_out = poisoned_q_out(q.shape[0], padded_heads, q.dtype) if pass_q_out else None
     out = ops.qnorm_rope_kv_insert(q, kv, positions, cos_sin, slots, cache, block_size, EPS,
                                    padded_heads=padded_heads, q_out=q_out)
-    expected = writers.qnorm_rope_kv_insert(q, kv, positions, cos_sin, slots, expected_cache, block_size, EPS,
+    expected = kv_cache.qnorm_rope_kv_insert(q, kv, positions, cos_sin, slots, expected_cache, block_size, EPS,
                                             padded_heads)
     assert out.shape == (q.shape[0], padded_heads, MODEL1_HEAD_DIM) and out.dtype == q.dtype
     assert_q_out_matches(out, expected, q.shape[1])
@@ -185,12 +185,12 @@ def test_reference_semantics():
     positions, slots = random_positions(tokens), torch.arange(tokens)
     cos_sin = rope_table(MAX_POSITION)
     cache = random_pages(1, model1_page_bytes(block_size))
-    q_out = writers.qnorm_rope_kv_insert(q, kv, positions, cos_sin, slots, cache, block_size, EPS)
+    q_out = kv_cache.qnorm_rope_kv_insert(q, kv, positions, cos_sin, slots, cache, block_size, EPS)
     torch.testing.assert_close(q_out.square().mean(-1), torch.ones(tokens, heads))
     nope = q[..., :MODEL1_NOPE_DIM] / q.square().mean(-1, keepdim=True).sqrt()
     torch.testing.assert_close(q_out[..., :MODEL1_NOPE_DIM], nope)
     stored = quant.model1_read(cache, slots, block_size)
-    rotated = writers.apply_rope(kv, positions, cos_sin)
+    rotated = rope_slots.apply_rope(kv, positions, cos_sin)
     fp8_tolerance = dict(rtol=2**-3, atol=2**-6 * magnitude)  # e4m3: 3 mantissa bits, scale about magnitude / 64
     torch.testing.assert_close(stored, rotated, **fp8_tolerance)
     assert not torch.allclose(stored, kv, **fp8_tolerance), "the stored RoPE dims must be rotated"

@@ -9,9 +9,9 @@ import torch
 from conftest import assert_rejects, random_pages, replaced
 from dsv4.cache import kv_page_bytes
 from dsv4.constants import MODEL1_BYTES_PER_TOKEN, MODEL1_HEAD_DIM, V32_HEAD_DIM
-from dsv4.reference import attention, quant
+from dsv4.reference import quant, sparse_mla
 
-D_V = attention.HEAD_DIM_V
+D_V = sparse_mla.HEAD_DIM_V
 LAYOUTS = {MODEL1_HEAD_DIM: "model1", V32_HEAD_DIM: "v32"}
 WRITERS = {MODEL1_HEAD_DIM: quant.model1_write, V32_HEAD_DIM: quant.v32_write}
 READERS = {MODEL1_HEAD_DIM: quant.model1_read, V32_HEAD_DIM: quant.v32_read}
@@ -110,7 +110,7 @@ def assert_lse_close(got: torch.Tensor, expected: torch.Tensor):
 
 
 def decode(q, cache, indices, block_size, **kwargs):
-    return attention.sparse_mla_decode(q, cache, indices, block_size, **kwargs)
+    return sparse_mla.sparse_mla_decode(q, cache, indices, block_size, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,7 +275,7 @@ def test_prefill_single_entry_and_empty_rows():
     kv = random_kv(5, d_qk)
     q = random_q(3, 2, d_qk)
     indices = torch.tensor([[[-1, 3, 5]], [[-4, 5, 9]], [[2, 0, 1]]], dtype=torch.int32)
-    out, max_logits, lse = attention.sparse_mla_prefill(q, kv, indices, d_qk**-0.5,
+    out, max_logits, lse = sparse_mla.sparse_mla_prefill(q, kv, indices, d_qk**-0.5,
                                                         topk_length=torch.tensor([3, 3, 0]))
     assert torch.equal(out[0], kv[3, 0, :D_V].expand(2, D_V))
     for h in range(2):
@@ -292,7 +292,7 @@ def test_prefill_two_entries_and_sink():
     q = random_q(1, 3, d_qk)
     indices = torch.tensor([[[2, 0]]])
     sink = torch.tensor([-math.inf, math.inf, 0.7])
-    out, max_logits, lse = attention.sparse_mla_prefill(q, kv, indices, d_qk**-0.5, attn_sink=sink)
+    out, max_logits, lse = sparse_mla.sparse_mla_prefill(q, kv, indices, d_qk**-0.5, attn_sink=sink)
     for h in range(3):
         keys = [(1, kv[2, 0].float()), (1, kv[0, 0].float())]
         expected_out, expected_lse = explicit_softmax(q[0, h], keys, d_qk)
@@ -313,7 +313,7 @@ def test_prefill_matches_loop(d_qk):
     indices[0, 0, :3] = 4  # duplicates count twice
     topk_length = torch.tensor([7, 3, 0, 9, 5])
     sink = torch.randn(heads)
-    out, max_logits, lse = attention.sparse_mla_prefill(q, kv, indices, 0.05, attn_sink=sink, topk_length=topk_length)
+    out, max_logits, lse = sparse_mla.sparse_mla_prefill(q, kv, indices, 0.05, attn_sink=sink, topk_length=topk_length)
     expected_out, expected_max, expected_lse = loop_prefill(q, kv, indices, 0.05, sink, topk_length)
     assert_out_close(out, expected_out)
     assert_lse_close(max_logits, expected_max)
@@ -384,13 +384,13 @@ def assert_op_close(got, expected):
 def test_ops_match_reference():
     args = decode_args()
     got = torch.ops.dsv4.sparse_mla_decode(*args.values())
-    expected = attention.sparse_mla_decode(*[args[k] for k in ("q", "kv_cache", "indices", "block_size")],
+    expected = sparse_mla.sparse_mla_decode(*[args[k] for k in ("q", "kv_cache", "indices", "block_size")],
                                            **{k: args[k] for k in ("topk_length", "attn_sink", "extra_kv_cache",
                                                                    "extra_indices", "extra_topk_length",
                                                                    "extra_block_size", "head_dim_v", "sm_scale")})
     assert_op_close(got, expected)
     args = prefill_args()
-    assert_op_close(torch.ops.dsv4.sparse_mla_prefill(*args.values()), attention.sparse_mla_prefill(*args.values()))
+    assert_op_close(torch.ops.dsv4.sparse_mla_prefill(*args.values()), sparse_mla.sparse_mla_prefill(*args.values()))
 
 
 BAD_INPUTS = [
@@ -436,7 +436,7 @@ def test_bad_inputs_raise_naming_op_and_argument(name, arg, corrupt):
 
 def test_token_blocking_does_not_change_results(monkeypatch):
     args = prefill_args()
-    whole = attention.sparse_mla_prefill(*args.values())
-    monkeypatch.setattr(attention, "GATHER_BLOCK_ELEMENTS", 1)  # one token per block
-    for got, expected in zip(attention.sparse_mla_prefill(*args.values()), whole, strict=True):
+    whole = sparse_mla.sparse_mla_prefill(*args.values())
+    monkeypatch.setattr(sparse_mla, "GATHER_BLOCK_ELEMENTS", 1)  # one token per block
+    for got, expected in zip(sparse_mla.sparse_mla_prefill(*args.values()), whole, strict=True):
         torch.testing.assert_close(got, expected, rtol=LSE_RTOL, atol=LSE_ATOL)

@@ -8,7 +8,7 @@ import torch
 
 from conftest import assert_rejects, random_pages, replaced
 from dsv4.constants import INDEXER_HEAD_DIM, INDEXER_K_BYTES_PER_ENTRY
-from dsv4.reference import indexer, quant
+from dsv4.reference import indexer, quant, topk
 
 NEG_INF = float("-inf")
 NAN = float("nan")
@@ -228,19 +228,19 @@ def tied_scores(rows: int, width: int) -> torch.Tensor:
     return torch.randint(0, TOPK_TIE_LEVELS, (rows, width)).float() + torch.randn(rows, 1)
 
 
-@pytest.mark.parametrize("k", indexer.TOPK_SIZES)
+@pytest.mark.parametrize("k", topk.TOPK_SIZES)
 def test_topk_short_rows_ignore_scores(k):
     scores = torch.randn(5, k + 3)
     scores[:, ::3] = NEG_INF
     scores[:, 1::3] = NAN
     lengths = torch.tensor([0, 1, k - 1, k, -2])
-    raw, slots = indexer.topk_transform(scores, lengths, k)
+    raw, slots = topk.topk_transform(scores, lengths, k)
     assert slots is None and raw.dtype == torch.int32
     assert torch.equal(raw, expected_topk(scores, lengths, k))
     assert torch.equal(raw[3], torch.arange(k, dtype=torch.int32))
 
 
-@pytest.mark.parametrize("k", indexer.TOPK_SIZES)
+@pytest.mark.parametrize("k", topk.TOPK_SIZES)
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_topk_long_rows_match_sorted(k, index_dtype):
     width = 3 * k + 5
@@ -250,7 +250,7 @@ def test_topk_long_rows_match_sorted(k, index_dtype):
     scores[3, ::2] = -0.0  # -0.0 ties with +0.0
     scores[3, 1::2] = 0.0
     lengths = torch.tensor([k + 1, width, 2 * k, width], dtype=index_dtype)
-    raw, _ = indexer.topk_transform(scores, lengths, k)
+    raw, _ = topk.topk_transform(scores, lengths, k)
     assert torch.equal(raw, expected_topk(scores, lengths, k))
 
 
@@ -258,7 +258,7 @@ def test_topk_ties_go_to_the_lower_index():
     k = 512
     scores = torch.zeros(1, 2 * k)
     scores[0, 700] = 1.0
-    raw, _ = indexer.topk_transform(scores, torch.tensor([2 * k]), k)
+    raw, _ = topk.topk_transform(scores, torch.tensor([2 * k]), k)
     assert raw[0, 0] == 700 and torch.equal(raw[0, 1:], torch.arange(k - 1, dtype=torch.int32))
 
 
@@ -272,7 +272,7 @@ def test_topk_neg_inf_and_nan_rank_after_numbers():
     mixed[torch.arange(10, width, 50)] = NEG_INF
     finite_at = torch.tensor([30, 7, 48, 251])
     mixed[finite_at] = torch.tensor([1.0, 5.0, float("inf"), -3.0])
-    raw, _ = indexer.topk_transform(scores, torch.full((3,), width), k)
+    raw, _ = topk.topk_transform(scores, torch.full((3,), width), k)
     assert torch.equal(raw[0], torch.arange(k, dtype=torch.int32))  # all -inf: index order
     assert torch.equal(raw[1], torch.arange(k, dtype=torch.int32))  # all NaN: index order
     numbers = [int(finite_at[2]), 7, 30, 251]  # +inf, 5, 1, -3
@@ -287,7 +287,7 @@ def test_topk_row_starts_are_ragged_and_clamped():
     scores = tied_scores(5, width)
     row_starts = torch.tensor([0, 100, 2500, 2990, 4000])
     lengths = torch.tensor([600, 2000, 600, 600, 600])  # rows 2-4 are clamped to 500, 10 and 0 entries
-    raw, _ = indexer.topk_transform(scores, lengths, k, row_starts=row_starts)
+    raw, _ = topk.topk_transform(scores, lengths, k, row_starts=row_starts)
     assert torch.equal(raw, expected_topk(scores, lengths, k, row_starts))
     assert raw[2, 499] == 499 and raw[2, 500] == -1
 
@@ -302,7 +302,7 @@ def test_topk_page_translation(page_size, index_dtype):
     table_width = math.ceil(width / page_size) - 1  # the last page is missing: its entries give -1
     page_table = torch.randperm(10 * table_width)[: 3 * table_width].view(3, table_width).to(index_dtype)
     page_table[:, ::4] = -1
-    raw, slots = indexer.topk_transform(scores, lengths, k, page_table=page_table, page_size=page_size)
+    raw, slots = topk.topk_transform(scores, lengths, k, page_table=page_table, page_size=page_size)
     assert torch.equal(raw, expected_topk(scores, lengths, k))
     assert slots.dtype == torch.int32
     assert torch.equal(slots, expected_slots(raw, page_table, page_size))
@@ -313,7 +313,7 @@ def test_topk_long_row_65536():
     k = 2048
     width = 65536
     scores = torch.randint(0, 5000, (1, width)).float()
-    raw, _ = indexer.topk_transform(scores, torch.tensor([width]), k)
+    raw, _ = topk.topk_transform(scores, torch.tensor([width]), k)
     assert torch.equal(raw, expected_topk(scores, torch.tensor([width]), k))
 
 
@@ -409,7 +409,7 @@ def test_logits_ops_leave_inputs_alone(name):
 def test_topk_op_overwrites_poisoned_outputs(paged):
     args = topk_args(paged)
     torch.ops.dsv4.topk_transform(*args.values())
-    raw, slots = indexer.topk_transform(args["scores"], args["lengths"], 512, args["row_starts"], args["page_table"],
+    raw, slots = topk.topk_transform(args["scores"], args["lengths"], 512, args["row_starts"], args["page_table"],
                                         args["page_size"])
     assert torch.equal(args["raw_indices"], raw)
     assert (args["slot_indices"] is None) if slots is None else torch.equal(args["slot_indices"], slots)
@@ -458,7 +458,7 @@ def test_bad_inputs_raise_naming_op_and_argument(name, arg, corrupt):
 
 def test_plain_topk_rejects_unsupported_k():
     with pytest.raises(RuntimeError, match="dsv4::topk_transform: argument 'k'"):
-        indexer.topk_transform(torch.randn(1, 10), torch.tensor([10]), 100)
+        topk.topk_transform(torch.randn(1, 10), torch.tensor([10]), 100)
 
 
 def test_logits_blocking_does_not_change_results(monkeypatch):

@@ -14,8 +14,8 @@ import torch
 
 import dsv4  # noqa: F401  (defines the dsv4 schemas the test namespace copies)
 from dsv4 import rocm_fallback
-from dsv4.reference import attention as ref_attention
-from dsv4.reference import indexer as ref_indexer
+from dsv4.reference import sparse_mla as ref_sparse_mla
+from dsv4.reference import topk as ref_topk
 
 TEST_NAMESPACE = "dsv4_rocm_fallback_test"
 NATIVE_OP = "fp8_mqa_logits"  # given a kernel of its own in the test namespace: must not be replaced
@@ -74,7 +74,7 @@ def test_fallback_matches_reference_and_warns_once(fallback_ops):
     messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     assert len(messages) == 1
     assert f"{TEST_NAMESPACE}::topk_transform" in messages[0] and "no ROCm kernel" in messages[0]
-    expected_raw, expected_slots = ref_indexer.topk_transform(scores, lengths, 512, None, page_table, 64)
+    expected_raw, expected_slots = ref_topk.topk_transform(scores, lengths, 512, None, page_table, 64)
     assert torch.equal(raw, expected_raw)
     assert torch.equal(slots, expected_slots)
 
@@ -92,7 +92,7 @@ def test_fallback_returns_reference_outputs(fallback_ops):
         out = op(q, kv, indices, 0.04, 512, sink, topk_length)
         again = op(q, kv, indices, 0.04, 512, sink, topk_length)
     assert sum(f"{TEST_NAMESPACE}::sparse_mla_prefill" in str(w.message) for w in caught) == 1
-    expected = ref_attention.sparse_mla_prefill(q, kv, indices, 0.04, 512, sink, topk_length)
+    expected = ref_sparse_mla.sparse_mla_prefill(q, kv, indices, 0.04, 512, sink, topk_length)
     for got, second, want in zip(out, again, expected, strict=True):
         assert torch.equal(got, want)
         assert torch.equal(second, want)

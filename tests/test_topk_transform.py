@@ -10,7 +10,7 @@ import torch
 
 from conftest import INDEX_DTYPES, PAGE_SIZES, assert_rejects, replaced
 from dsv4 import ops
-from dsv4.reference import indexer as ref
+from dsv4.reference import topk as ref
 
 K_SIZES = ref.TOPK_SIZES
 LONG = 65536  # the longest row the indexer scores (a 256K context at ratio 4)

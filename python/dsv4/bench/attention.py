@@ -14,7 +14,7 @@ import dsv4
 
 from .. import cache
 from ..constants import MODEL1_BYTES_PER_TOKEN, MODEL1_HEAD_DIM, SLIDING_WINDOW
-from ..reference import attention as ref_attention
+from ..reference import sparse_mla as ref_sparse_mla
 from . import Case
 
 FLASH_HEADS, FLASH_COMPRESSED = 64, 512  # DeepSeek-V4-Flash: heads per rank at TP1, C4 top-k
@@ -63,7 +63,7 @@ def decode_case(tokens: int, heads: int, compressed: int, label: str = "sparse_m
                                      compressed_slots, COMPRESSED_BLOCK, sink, scale)
 
     def reference():
-        ref_attention.sparse_mla_decode(q.unsqueeze(1), window_cache, window_slots.unsqueeze(1), WINDOW_BLOCK,
+        ref_sparse_mla.sparse_mla_decode(q.unsqueeze(1), window_cache, window_slots.unsqueeze(1), WINDOW_BLOCK,
                                         attn_sink=sink, extra_kv_cache=compressed_cache,
                                         extra_indices=compressed_slots.unsqueeze(1),
                                         extra_block_size=COMPRESSED_BLOCK, sm_scale=scale)
@@ -83,7 +83,7 @@ def prefill_case(tokens: int, heads: int, topk: int) -> Case:
                 tokens * (topk * MODEL1_HEAD_DIM + 2 * heads * MODEL1_HEAD_DIM) * BF16_BYTES + tokens * heads * 2
                 * FP32_BYTES,
                 lambda m: dsv4.ops.sparse_mla_prefill(q, kv, indices, scale, attn_sink=sink),
-                (lambda: ref_attention.sparse_mla_prefill(q, kv, indices, scale, attn_sink=sink))
+                (lambda: ref_sparse_mla.sparse_mla_prefill(q, kv, indices, scale, attn_sink=sink))
                 if tokens <= REFERENCE_MAX_TOKENS else None,
                 on_peer=False, flops=attention_flops(tokens, heads, topk))
 

@@ -14,7 +14,7 @@ import torch
 
 from .. import ops
 from ..model import layer as layer_module
-from ..reference import writers as ref_writers
+from ..reference import rope_slots as ref_rope_slots
 from ..reference.quant import cache_pages as pages
 
 VLLM_TOPK = 512
@@ -81,7 +81,7 @@ def peer_ops(peer) -> SimpleNamespace:
         compress_norm_rope_store=compressor("compress_norm_rope_store_cpu"),
         compress_norm_rope_store_indexer=compressor("compress_norm_rope_store_indexer_cpu"),
         fp8_paged_mqa_logits=fp8_paged_mqa_logits, topk_transform=topk_transform,
-        map_local_to_global_slots=ref_writers.map_local_to_global_slots,
+        map_local_to_global_slots=ref_rope_slots.map_local_to_global_slots,
         sparse_mla_decode=sparse_mla_decode, inverse_rope=inverse_rope,
         fp8_paged_mqa_topk=ops.fp8_paged_mqa_topk,  # prefill only; vLLM has no fused op
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..compat.vllm_cpu import VLLM_TOPK
-from ..reference import indexer as ref_indexer
+from ..reference import topk as ref_topk
 from . import Case
 
 PAGE_SIZE = 64  # indexer K cache block size
@@ -25,7 +25,7 @@ def topk_case(batch: int, columns: int) -> Case:
         f"B={batch} S={columns} k={VLLM_TOPK}",
         scores.nbytes,
         lambda m: m.topk_transform_512_cpu(scores, lengths, page_table, out_slots, PAGE_SIZE, out_raw),
-        lambda: ref_indexer.topk_transform(scores, lengths, VLLM_TOPK, page_table=page_table, page_size=PAGE_SIZE),
+        lambda: ref_topk.topk_transform(scores, lengths, VLLM_TOPK, page_table=page_table, page_size=PAGE_SIZE),
     )
 
 

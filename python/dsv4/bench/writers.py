@@ -8,8 +8,10 @@ import dsv4
 
 from .. import cache
 from ..reference import compressor as ref_compressor
+from ..reference import indexer as ref_indexer
+from ..reference import kv_cache as ref_kv_cache
 from ..reference import quant as ref_quant
-from ..reference import writers as ref_writers
+from ..reference import rope_slots as ref_rope_slots
 from . import Case, rope_table
 
 HEADS, HEAD_DIM, INDEXER_HEADS, INDEXER_DIM = 64, 512, 64, 128
@@ -48,10 +50,10 @@ def cases(quick: bool = False) -> list[Case]:
     return [
         Case("qnorm_rope_kv_insert", f"T={tokens} H={HEADS}", q.nbytes * 2 + kv.nbytes + tokens * 584,
              lambda m: m.fused_qnorm_rope_kv_insert_cpu(q, kv, positions, swa, slots, rope, HEADS, 1e-6, BLOCK),
-             lambda: ref_writers.qnorm_rope_kv_insert(q, kv, positions, rope, slots, swa, BLOCK, 1e-6, HEADS)),
+             lambda: ref_kv_cache.qnorm_rope_kv_insert(q, kv, positions, rope, slots, swa, BLOCK, 1e-6, HEADS)),
         Case("indexer_q_rope_quant", f"T={tokens} H={INDEXER_HEADS}", iq.nbytes + iq_fp8.nbytes + 2 * iw.nbytes,
              lambda m: m.fused_indexer_q_rope_quant_cpu(positions, iq, rope, iq_fp8, iw, 128**-0.5, 0.125, iw_out),
-             lambda: ref_writers.indexer_q_rope_quant(iq, positions, rope, iw, 128**-0.5, 0.125)),
+             lambda: ref_indexer.indexer_q_rope_quant(iq, positions, rope, iw, 128**-0.5, 0.125)),
         Case("save_partial_states", f"T={tokens} W={width}", ckv.nbytes + ape.nbytes + tokens * 2 * width * 4,
              lambda m: m.save_partial_states_cpu(ckv[:, :width], ckv[:, width:], ape, positions, state, state_slots),
              lambda: ref_compressor.save_partial_states(ckv[:, :width], ckv[:, width:], ape, positions, state,
@@ -69,7 +71,7 @@ def cases(quick: bool = False) -> list[Case]:
                                                                      rope, k_cache, BLOCK, ratio)),
         Case("inverse_rope", f"T={tokens} H={HEADS}", o.nbytes * 3,
              lambda m: m.inverse_gptj_rope_o_proj_cpu(o, positions, rope, 64),
-             lambda: ref_writers.inverse_rope(o, positions, rope, torch.float32)),
+             lambda: ref_rope_slots.inverse_rope(o, positions, rope, torch.float32)),
         Case("quantize_kv_insert", f"T={tokens} MODEL1", kv.nbytes + tokens * 584,
              lambda m: dsv4.ops.quantize_kv_insert(kv, slots, swa, BLOCK),
              lambda: ref_quant.model1_write(swa, slots, BLOCK, kv.float()), on_peer=False),

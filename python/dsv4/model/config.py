@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from ..constants import INDEXER_HEAD_DIM, MODEL1_HEAD_DIM, ROPE_DIM, SLIDING_WINDOW
 from ..metadata.layer_types import layer_types
-from ..reference.indexer import TOPK_SIZES
+from ..reference.topk import TOPK_SIZES
 from ..rope import YarnScaling
 
 MAX_HEADS = 128  # the attention kernels take 1 to 128 query heads

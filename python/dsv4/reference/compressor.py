@@ -17,7 +17,7 @@ import torch
 
 from ..constants import INDEXER_HEAD_DIM, MODEL1_HEAD_DIM
 from . import quant
-from .writers import apply_rope
+from .rope_slots import apply_rope
 
 
 def save_partial_states(

@@ -16,7 +16,8 @@ import torch
 from ..cache import compressor_coff
 from ..constants import C4_RATIO, INDEXER_HEAD_DIM
 from . import quant
-from .writers import apply_rope, indexer_q_rope_quant
+from .indexer import indexer_q_rope_quant
+from .rope_slots import apply_rope
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:

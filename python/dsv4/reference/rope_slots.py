@@ -1,11 +1,9 @@
-"""References of the q/kv preparation ops: fused q-norm + RoPE + SWA insert, indexer q quantization,
-inverse output RoPE, and block-table slot mapping. fp32 math; caches are written through quant.py."""
+"""References of the helpers around attention: GPT-J RoPE (used by the writers too), the inverse output RoPE, and
+the block-table slot mapping. fp32 math."""
 
 from __future__ import annotations
 
 import torch
-
-from . import quant
 
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, inverse: bool = False):
@@ -27,55 +25,6 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Te
     even, odd = rope[..., 0::2], rope[..., 1::2]
     rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
     return torch.cat([nope, rotated], dim=-1)
-
-
-def qnorm_rope_kv_insert(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    kv_cache: torch.Tensor,
-    block_size: int,
-    eps: float = 1e-6,
-    padded_heads: int | None = None,
-) -> torch.Tensor:
-    """Returns q_out ``[T, padded_heads, 512]`` (q's dtype) and writes kv rows into the MODEL1 cache.
-
-    q_out[:, h] = RoPE(x * rsqrt(mean(x^2) + eps)) for h < H, 0 for padded heads. kv row t (for
-    t < len(slot_mapping), slot != -1) is RoPE-rotated at positions[t] and MODEL1-quantized.
-    """
-    tokens, heads, dim = q.shape
-    x = q.float()
-    normed = x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + eps)
-    q_out = torch.zeros(tokens, padded_heads or heads, dim, dtype=q.dtype)
-    q_out[:, :heads] = apply_rope(normed, positions, cos_sin_cache).to(q.dtype)
-    inserted = slot_mapping.shape[0]
-    kv_rows = apply_rope(kv[:inserted], positions[:inserted], cos_sin_cache)
-    quant.model1_write(kv_cache, slot_mapping, block_size, kv_rows)
-    return q_out
-
-
-def indexer_q_rope_quant(
-    q: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    weights: torch.Tensor,
-    softmax_scale: float,
-    head_scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q_fp8 ``[T, H, 128]`` float8_e4m3fn, weights_out ``[T, H]`` fp32).
-
-    RoPE on the last 64 dims, rounded to bf16 (the NoPE half keeps q's values); per (t, h) scale
-    ``2^ceil(log2(max(amax, 1e-4) / 448))``; ``weights_out = weights * scale * softmax_scale * head_scale``.
-    """
-    rotated = apply_rope(q, positions, cos_sin_cache)
-    rope_dim = cos_sin_cache.shape[1]
-    values = torch.cat([rotated[..., :-rope_dim], quant.round_bf16(rotated[..., -rope_dim:])], dim=-1)
-    scale = quant.indexer_scale(values)
-    q_fp8 = quant.encode_e4m3(values / scale.unsqueeze(-1)).view(torch.float8_e4m3fn)
-    weights_out = weights.float() * scale * softmax_scale * head_scale
-    return q_fp8, weights_out
 
 
 def inverse_rope(
