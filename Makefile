@@ -28,7 +28,7 @@ demo: $(VENV)/.built
 	$(PY) -m dsv4 demo
 
 peer: $(VENV)/.deps
-	PYTHON=$(PY) scripts/fetch_vllm_peer.sh || echo "vLLM CPU peer unavailable: peer tests will be skipped"
+	PYTHON=$(PY) tools/check/fetch_vllm_peer.sh || echo "vLLM CPU peer unavailable: peer tests will be skipped"
 
 test: $(VENV)/.built peer
 	$(PY) -m pytest -q -ra tests
@@ -40,19 +40,19 @@ lint: $(VENV)/.deps
 # time (FUZZ_SECONDS, default 150); failures print one-line reproducers.
 FUZZ_SECONDS ?= 150
 fuzz: $(VENV)/.built
-	$(PY) tools/fuzz.py --seconds $(FUZZ_SECONDS)
+	$(PY) tools/check/fuzz.py --seconds $(FUZZ_SECONDS)
 
 # The CPU tests and 60 s of fuzzing on an ASan + UBSan build in build/sanitize (the normal _C is untouched);
-# any sanitizer report fails. DSV4_FULL_GRID=1 adds the slow grid; scripts/sanitize.sh has the details.
+# any sanitizer report fails. DSV4_FULL_GRID=1 adds the slow grid; tools/check/sanitize.sh has the details.
 sanitize: $(VENV)/.deps
-	PYTHON=$(PY) scripts/sanitize.sh
+	PYTHON=$(PY) tools/check/sanitize.sh
 
 # Compile-only checks of the GPU kernels (no GPU needed): CUDA sm_80 / sm_90a, and the hipified portable tier.
 cuda-compile-check: $(VENV)/.deps
-	PYTHON=$(PY) scripts/cuda_compile_check.sh
+	PYTHON=$(PY) tools/check/cuda_compile_check.sh
 
 hip-compile-check: $(VENV)/.deps
-	PYTHON=$(PY) scripts/hip_compile_check.sh
+	PYTHON=$(PY) tools/check/hip_compile_check.sh
 
 clean:
 	rm -rf build $(VENV) .peer python/dsv4/*.so

@@ -1,5 +1,5 @@
 # _C_cuda for a ROCm torch (DSV4_ENABLE_ROCM): the portable tier and the CUDA bindings are hipified into the build
-# tree with torch.utils.hipify (scripts/hipify_portable.py) and built with HIP. The Hopper tier is CUDA only; an op
+# tree with torch.utils.hipify (tools/check/hipify_portable.py) and built with HIP. The Hopper tier is CUDA only; an op
 # without a kernel here runs its reference (python/dsv4/rocm_fallback.py).
 set(DSV4_HIP_ARCHS "gfx90a;gfx942" CACHE STRING "AMD GPU targets of the portable tier (semicolon list)")
 set(CMAKE_HIP_ARCHITECTURES "${DSV4_HIP_ARCHS}")  # before enable_language: no GPU query at configure time
@@ -12,7 +12,7 @@ file(GLOB_RECURSE DSV4_HIPIFY_INPUTS CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/csr
   ${PROJECT_SOURCE_DIR}/csrc/api/*)
 set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${DSV4_HIPIFY_INPUTS})
 execute_process(
-  COMMAND ${DSV4_PYTHON} ${PROJECT_SOURCE_DIR}/scripts/hipify_portable.py ${PROJECT_SOURCE_DIR}/csrc ${DSV4_HIPIFIED_DIR}
+  COMMAND ${DSV4_PYTHON} ${PROJECT_SOURCE_DIR}/tools/check/hipify_portable.py ${PROJECT_SOURCE_DIR}/csrc ${DSV4_HIPIFIED_DIR}
     --bindings
   OUTPUT_VARIABLE DSV4_HIP_UNITS ERROR_VARIABLE hipify_log RESULT_VARIABLE rc OUTPUT_STRIP_TRAILING_WHITESPACE)
 if(NOT rc EQUAL 0)

@@ -1,6 +1,6 @@
 """Locates and loads vLLM's CPU kernel library, the peer that tests and benchmarks compare against.
 
-The library comes from ``scripts/fetch_vllm_peer.sh`` (``<repo>/.peer/vllm/_C.abi3.so``) or from
+The library comes from ``tools/check/fetch_vllm_peer.sh`` (``<repo>/.peer/vllm/_C.abi3.so``) or from
 the path in ``$DSV4_VLLM_PEER``. Loading registers vLLM's ops under ``torch.ops._C``.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 PEER_ENV = "DSV4_VLLM_PEER"
-# scripts/fetch_vllm_peer.sh puts it here in a source checkout (editable installs find it too).
+# tools/check/fetch_vllm_peer.sh puts it here in a source checkout (editable installs find it too).
 DEFAULT_PEER = Path(__file__).resolve().parents[3] / ".peer" / "vllm" / "_C.abi3.so"
 
 # vLLM compiles its DSv4 kernels for AVX-512 BF16/VNNI + AMX only; elsewhere calling them would crash.
@@ -56,7 +56,7 @@ def missing_cpu_flags() -> list[str]:
 def _load() -> tuple[object | None, str]:
     path = peer_path()
     if not path.is_file():
-        return None, f"{path} not found (run scripts/fetch_vllm_peer.sh or set ${PEER_ENV})"
+        return None, f"{path} not found (run tools/check/fetch_vllm_peer.sh or set ${PEER_ENV})"
     missing_flags = missing_cpu_flags()
     if missing_flags:
         return None, f"this CPU lacks {', '.join(missing_flags)}, which vLLM's DSv4 CPU kernels need"

@@ -3,11 +3,11 @@
 # portable tier on sm_80 and sm_90a and the Hopper tier on sm_90a, builds the object libraries (portable kernels, Hopper
 # kernels, CUDA bindings) and prints the ptxas registers / stack / spills of every sm_90a function. Fails on any
 # compile error and when a Hopper function spills, has its wgmma serialized or its setmaxnreg dropped
-# (scripts/ptxas_report.py). Needs nvcc (on PATH or in /usr/local/cuda/bin) and the
+# (tools/check/ptxas_report.py). Needs nvcc (on PATH or in /usr/local/cuda/bin) and the
 # project's venv (torch headers; set PYTHON to use another interpreter).
 set -euo pipefail
 
-repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 python=${PYTHON:-$repo_root/.venv/bin/python}
 jobs=${MAX_JOBS:-2}
 
@@ -50,10 +50,10 @@ echo "cuda_compile_check: portable tier (sm_80, sm_90a) and bindings compile"
 run_logged "$build/sm90.log" cmake --build "$build" --parallel "$jobs" --target dsv4_cuda_sm90 ||
   fail "Hopper tier (sm_90a) does not compile"
 grep -i "warning" "$build/sm90.log" | grep -v "ptxas info" >&2 || true
-"$python" "$repo_root/scripts/ptxas_report.py" "$build/sm90.log" --arch sm_90a ||
+"$python" "$repo_root/tools/check/ptxas_report.py" "$build/sm90.log" --arch sm_90a ||
   fail "a Hopper kernel spills, serializes its wgmma or loses its setmaxnreg"
 
-# The torch-free decode harness (tools/decode_bench.cu) links against both tiers' decode kernels: keep it building.
-PATH="$(dirname "$nvcc"):$PATH" DECODE_BENCH_BUILD_ONLY=1 "$repo_root/scripts/decode_bench.sh" > "$build/decode_bench.log" 2>&1 ||
-  { cat "$build/decode_bench.log" >&2; fail "the decode harness (tools/decode_bench.cu) does not build"; }
+# The torch-free decode harness (tools/perf/decode_bench.cu) links against both tiers' decode kernels: keep it building.
+PATH="$(dirname "$nvcc"):$PATH" DECODE_BENCH_BUILD_ONLY=1 "$repo_root/tools/perf/decode_bench.sh" > "$build/decode_bench.log" 2>&1 ||
+  { cat "$build/decode_bench.log" >&2; fail "the decode harness (tools/perf/decode_bench.cu) does not build"; }
 echo "cuda_compile_check: decode harness builds"

@@ -1,15 +1,9 @@
-"""The ptxas -v log filter behind the CUDA compile check (scripts/ptxas_report.py): spills, serialized wgmma and a
-dropped setmaxnreg fail, each on the function it concerns and only for the architecture asked for."""
+"""The ptxas -v log filter behind the CUDA compile check (tools/check/ptxas_report.py): spills, serialized wgmma and
+a dropped setmaxnreg fail, each on the function it concerns and only for the architecture asked for."""
 
-import importlib.util
 import sys
-from pathlib import Path
 
-_spec = importlib.util.spec_from_file_location(
-    "ptxas_report", Path(__file__).resolve().parents[1] / "scripts" / "ptxas_report.py")
-ptxas_report = importlib.util.module_from_spec(_spec)
-sys.modules["ptxas_report"] = ptxas_report  # its dataclasses look their module up
-_spec.loader.exec_module(ptxas_report)
+from tools.check import ptxas_report
 
 
 def log(kernel_b_frame="0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", serialized_in=None,

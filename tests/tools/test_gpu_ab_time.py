@@ -1,13 +1,7 @@
-"""The GPU A/B log table (tools/gpu_ab_time.py) reads every build's rounds, compares medians with the first build's
-and says where the outputs are not the same bits."""
+"""The GPU A/B log table (tools/perf/gpu_ab_time.py) reads every build's rounds, compares medians with the first
+build's and says where the outputs are not the same bits."""
 
-import importlib.util
-from pathlib import Path
-
-_spec = importlib.util.spec_from_file_location(
-    "gpu_ab_time", Path(__file__).resolve().parents[1] / "tools" / "gpu_ab_time.py")
-gpu_ab_time = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gpu_ab_time)
+from tools.perf import gpu_ab_time
 
 LOG = """base r1 pf64 819.6 us hash a2921dbcb1a5
 base r1 B128 39.8 us hash 3a9e6acf3476

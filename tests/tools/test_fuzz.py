@@ -1,25 +1,27 @@
-"""tools/fuzz.py: a short run of one op passes, and planted faults (a wrong output element, a crash, a hang) each fail
-the run with a reproducer, which re-runs the failing case in-process."""
+"""tools/check/fuzz.py: a short run of one op passes, and planted faults (a wrong output element, a crash, a hang)
+each fail the run with a reproducer, which re-runs the failing case in-process."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-FUZZ = ROOT / "tools" / "fuzz.py"
+from tools.check import fuzz
+
+FUZZ = Path(fuzz.__file__)  # run as a script, as make fuzz does
+ROOT = FUZZ.parents[2]
 TIER = "generic"  # every machine has it
 
-# A stand-in for tools/fuzz.py whose ops are broken on purpose. Spawned workers run this file's top level again, so
-# they get the broken ops too.
+# A stand-in for tools/check/fuzz.py whose ops are broken on purpose, importing it as tools.check.fuzz (the repository
+# root is on its PYTHONPATH). Spawned workers run this file's top level again, so they get the broken ops too.
 PLANTED_FAULTS = """
 import os, sys, time
-sys.path.insert(0, {tools!r})
 import torch
 import dsv4
-import fuzz
+from tools.check import fuzz
 
 real_map = torch.ops.dsv4.map_local_to_global_slots
 
@@ -40,7 +42,9 @@ if __name__ == "__main__":
 
 
 def run(script: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(script), *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable, str(script), *args], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": pythonpath})
 
 
 def test_short_run_passes():
@@ -52,7 +56,7 @@ def test_short_run_passes():
 
 def test_planted_faults_fail_with_reproducers(tmp_path):
     script = tmp_path / "fuzz_with_faults.py"
-    script.write_text(PLANTED_FAULTS.format(tools=str(FUZZ.parent)))
+    script.write_text(PLANTED_FAULTS)
     ops = "map_local_to_global_slots,inverse_rope,indexer_k_quant_insert"
     result = run(script, "--op", ops, "--tier", TIER, "--seconds", "6", "--case-timeout", "1")
     out = result.stdout

@@ -1,4 +1,4 @@
-"""The cases of tools/fuzz.py: one generator and one checker per ``torch.ops.dsv4`` op, against ``dsv4.reference``.
+"""The cases of fuzz.py: one generator and one checker per ``torch.ops.dsv4`` op, against ``dsv4.reference``.
 
 A generator draws one case from a seed (shapes, dtypes, strides, values, -1 entries, empty and boundary sizes) and
 returns the op's arguments by name; its checker runs the op and the reference on copies of them and raises Mismatch
@@ -29,7 +29,7 @@ from dsv4.constants import (
     ROPE_DIM,
     V32_HEAD_DIM,
 )
-from dsv4.reference import attention, compressor, indexer, quant, writers
+from dsv4.reference import compressor, indexer, kv_cache, quant, rope_slots, sparse_mla, topk
 from dsv4.rope import rope_cos_sin_cache
 
 KERNELS = torch.ops.dsv4  # looked up at call time, so a wrapped op is the one under test
@@ -37,7 +37,7 @@ MAX_THREADS = 8
 PAGE_SIZES = (1, 2, 3, 7, 16, 61, 64, 128, 256)
 CACHE_DTYPES = (torch.uint8, torch.int8, torch.float8_e4m3fn)  # paged caches are bytes, viewed as any of these
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-TOPK_SIZES = indexer.TOPK_SIZES
+TOPK_SIZES = topk.TOPK_SIZES
 POISON_INDEX = -7  # written into index outputs before a call
 ROPE_CANCEL_NOISE = 1e-6  # of a row's largest value: what a rotation to about 0 may differ by
 SLACK = 2  # inexact elements allowed beyond a "nearly all exact" fraction, so tiny cases are not flaky
@@ -470,7 +470,7 @@ def check_topk_transform(a: dict) -> None:
     raw_before = clone_storage(raw)
     slots_before = None if slots is None else clone_storage(slots)
     KERNELS.topk_transform(a["scores"], a["lengths"], a["row_starts"], a["page_table"], a["page_size"], raw, slots)
-    want_raw, want_slots = indexer.topk_transform(a["scores"], a["lengths"], raw.shape[1], a["row_starts"],
+    want_raw, want_slots = topk.topk_transform(a["scores"], a["lengths"], raw.shape[1], a["row_starts"],
                                                   a["page_table"], a["page_size"])
     expect_written("raw_indices", raw, raw_before, want_raw)
     if slots is not None:
@@ -498,7 +498,7 @@ def make_map_local_to_global_slots(d: Draw) -> dict:
 
 def check_map_local_to_global_slots(a: dict) -> None:
     out = KERNELS.map_local_to_global_slots(a["local_indices"], a["req_ids"], a["block_table"], a["block_size"])
-    want = writers.map_local_to_global_slots(a["local_indices"], a["req_ids"], a["block_table"], a["block_size"])
+    want = rope_slots.map_local_to_global_slots(a["local_indices"], a["req_ids"], a["block_table"], a["block_size"])
     if not out.is_contiguous():
         fail(f"out: not contiguous (strides {out.stride()})")
     expect_equal("out", out, want)
@@ -526,7 +526,7 @@ def make_inverse_rope(d: Draw) -> dict:
 def check_inverse_rope(a: dict) -> None:
     out = a["out"]
     KERNELS.inverse_rope(a["o"], a["positions"], a["cos_sin_cache"], out)
-    expect_ulp("out", out, writers.inverse_rope(a["o"], a["positions"], a["cos_sin_cache"], out.dtype))
+    expect_ulp("out", out, rope_slots.inverse_rope(a["o"], a["positions"], a["cos_sin_cache"], out.dtype))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -681,7 +681,7 @@ def check_fp8_paged_mqa_topk(a: dict) -> None:
     width = max(0, int(lengths.max())) if lengths.numel() else 0
     logits = KERNELS.fp8_paged_mqa_logits(q.unsqueeze(1), cache, weights, lengths, table[a["row_requests"].long()],
                                           a["block_size"], width, True, None)
-    want = indexer.topk_transform(logits, lengths, out.shape[1])[0]
+    want = topk.topk_transform(logits, lengths, out.shape[1])[0]
     expect_written("topk_indices", out, before, want)
 
 
@@ -790,7 +790,7 @@ def check_qnorm_rope_kv_insert(a: dict) -> None:
     cache, expected_cache, q_out = a["kv_cache"], clone_storage(a["kv_cache"]), a["q_out"]
     args = (a["q"], a["kv"], a["positions"], a["cos_sin_cache"], a["slot_mapping"])
     KERNELS.qnorm_rope_kv_insert(*args, cache, a["block_size"], a["eps"], q_out)
-    want = writers.qnorm_rope_kv_insert(*args, expected_cache, a["block_size"], a["eps"], q_out.shape[1])
+    want = kv_cache.qnorm_rope_kv_insert(*args, expected_cache, a["block_size"], a["eps"], q_out.shape[1])
     heads = a["q"].shape[1]
     if not (q_out[:, heads:] == 0).all():
         fail("q_out: padded heads must be exactly 0")
@@ -827,7 +827,7 @@ def make_indexer_q_rope_quant(d: Draw) -> dict:
 def check_indexer_q_rope_quant(a: dict) -> None:
     args = (a["q"], a["positions"], a["cos_sin_cache"], a["weights"], a["softmax_scale"], a["head_scale"])
     KERNELS.indexer_q_rope_quant(*args, a["q_fp8"], a["weights_out"])
-    want_fp8, want_weights = writers.indexer_q_rope_quant(*args)
+    want_fp8, want_weights = indexer.indexer_q_rope_quant(*args)
     expect_ulp("q_fp8", a["q_fp8"], want_fp8)
     expect_close("weights_out", a["weights_out"], want_weights, atol=1e-6, rtol=1e-5)
 
@@ -920,11 +920,11 @@ def check_sparse_mla_decode(a: dict) -> None:
     if a["with_plan"]:  # a plan for these lengths; the CPU may ignore it, the result must not change
         plan = KERNELS.sparse_mla_decode_schedule(a["q"], a["indices"], a["topk_length"], a["extra_indices"],
                                                   a["extra_topk_length"])
-    out, lse = KERNELS.sparse_mla_decode(*sets, a["block_size"], a["extra_block_size"], attention.HEAD_DIM_V,
+    out, lse = KERNELS.sparse_mla_decode(*sets, a["block_size"], a["extra_block_size"], sparse_mla.HEAD_DIM_V,
                                          a["sm_scale"], *plan)
-    ref_out, ref_lse = attention.sparse_mla_decode(
+    ref_out, ref_lse = sparse_mla.sparse_mla_decode(
         a["q"], a["kv_cache"], a["indices"], a["block_size"], a["topk_length"], a["attn_sink"], a["extra_kv_cache"],
-        a["extra_indices"], a["extra_topk_length"], a["extra_block_size"], attention.HEAD_DIM_V, a["sm_scale"])
+        a["extra_indices"], a["extra_topk_length"], a["extra_block_size"], sparse_mla.HEAD_DIM_V, a["sm_scale"])
     expect_attention_close(out, lse, ref_out, ref_lse)
 
 
@@ -944,9 +944,9 @@ def make_sparse_mla_prefill(d: Draw) -> dict:
 
 
 def check_sparse_mla_prefill(a: dict) -> None:
-    args = (a["q"], a["kv"], a["indices"], a["sm_scale"], attention.HEAD_DIM_V, a["attn_sink"], a["topk_length"])
+    args = (a["q"], a["kv"], a["indices"], a["sm_scale"], sparse_mla.HEAD_DIM_V, a["attn_sink"], a["topk_length"])
     out, max_logits, lse = KERNELS.sparse_mla_prefill(*args)
-    ref_out, ref_max, ref_lse = attention.sparse_mla_prefill(*args)
+    ref_out, ref_max, ref_lse = sparse_mla.sparse_mla_prefill(*args)
     expect_attention_close(out, lse, ref_out, ref_lse, max_logits, ref_max)
 
 

@@ -5,46 +5,54 @@ thread each; medians of cold and warm replays in microseconds).
 A small-batch decode is such a chain (plan words -> lengths -> index values -> codes, then the combine kernel), so
 these numbers bound how fast any kernel of that structure can answer.
 
-    python tools/latency_floor.py [--replays N]
+    python tools/perf/latency_floor.py [--replays N]
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
-import triton
-import triton.language as tl
 
 from dsv4.bench.gpu import L2_FLUSH_BYTES, replay_us
+
+try:  # not a dsv4 dependency: torch's CUDA wheels for Linux bring it
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
 
 BUFFER_INTS = 1 << 27  # 512 MB per link of the chain: every load a TLB and L2 miss
 SPIN_CYCLES = 200_000
 
 
-@triton.jit
-def chase(p0, p1, p2, p3, p4, out, STEPS: tl.constexpr):
-    i = tl.load(p0)
-    if STEPS >= 2:
-        i = tl.load(p1 + i)
-    if STEPS >= 3:
-        i = tl.load(p2 + i)
-    if STEPS >= 4:
-        i = tl.load(p3 + i)
-    if STEPS >= 5:
-        i = tl.load(p4 + i)
-    tl.store(out, i)
+if triton is not None:  # without it, main() says so
 
+    @triton.jit
+    def chase(p0, p1, p2, p3, p4, out, STEPS: tl.constexpr):
+        i = tl.load(p0)
+        if STEPS >= 2:
+            i = tl.load(p1 + i)
+        if STEPS >= 3:
+            i = tl.load(p2 + i)
+        if STEPS >= 4:
+            i = tl.load(p3 + i)
+        if STEPS >= 5:
+            i = tl.load(p4 + i)
+        tl.store(out, i)
 
-@triton.jit
-def empty(out):
-    tl.store(out, 1)
+    @triton.jit
+    def empty(out):
+        tl.store(out, 1)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replays", type=int, default=40)
     args = parser.parse_args()
+    if triton is None:
+        sys.exit("latency_floor: needs triton (pip install triton; torch's CUDA wheels for Linux bring it)")
     links = [torch.randint(0, BUFFER_INTS, (BUFFER_INTS,), device="cuda", dtype=torch.int32) for _ in range(5)]
     out = torch.zeros(1, device="cuda", dtype=torch.int32)
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")

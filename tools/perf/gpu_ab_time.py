@@ -1,11 +1,11 @@
-"""Same-run A/B timing of the CUDA attention ops across builds (scripts/gpu_ab.sh).
+"""Same-run A/B timing of the CUDA attention ops across builds (tools/perf/ab.sh gpu).
 
 ``time PYTHON_DIR NAME ROUND [CASE...]`` imports dsv4 from PYTHON_DIR (one build's package), times each named case
 cold (``dsv4.bench.gpu.time_cold``: CUDA-graph replays after an L2 flush, median) and prints one line per case with
 a hash of its outputs, so that variants meant to give the same bits can be checked. ``table LOG`` reads those lines
 back: per case, each build's rounds side by side, its median against the first build's, and whether its outputs
 equal the first build's bit for bit. ``run PYTHON_DIR CASE [REPEATS]`` only runs one case REPEATS times (default 3),
-for a profiler (scripts/gpu_profile.sh).
+for a profiler (tools/perf/gpu_profile.sh).
 """
 
 from __future__ import annotations

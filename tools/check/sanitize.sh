@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the CPU extension with ASan + UBSan into build/sanitize (python/dsv4/_C.abi3.so is left alone), then runs
-# the CPU test suite and tools/fuzz.py against it. Any sanitizer report fails the run.
+# the CPU test suite and tools/check/fuzz.py against it. Any sanitizer report fails the run.
 #
 #   PYTHON          interpreter with torch, pytest, cmake and ninja (default .venv/bin/python)
 #   CXX             the gcc whose sanitizer runtimes are used (default g++)
@@ -9,7 +9,7 @@
 #   DSV4_FULL_GRID  1 adds the slow sparse MLA grid (about 8 more minutes on 2 cores)
 #   PYTEST_ARGS     extra pytest arguments, e.g. "-k sparse_mla" to narrow a rerun
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 PYTHON=$(realpath -s "${PYTHON:-.venv/bin/python}")  # absolute for cmake; -s keeps the venv's symlink
 CXX=${CXX:-g++}
@@ -48,17 +48,17 @@ REPORT='runtime error:|ERROR: AddressSanitizer'
 status=0
 
 # Not run: the vLLM peer tests (they load vLLM's uninstrumented library and only compare against it) and
-# test_fuzz.py (it tests the fuzzer with budgets of a few seconds, too short for instrumented workers; the fuzzer
-# itself runs below). The CUDA tests skip themselves: this build has no _C_cuda. --capture=sys leaves fd 2 alone,
-# as pytest's fd capture would swallow the report of a test that aborts.
+# tests/tools/test_fuzz.py (it tests the fuzzer with budgets of a few seconds, too short for instrumented workers; the
+# fuzzer itself runs below). The CUDA tests skip themselves: this build has no _C_cuda. --capture=sys leaves fd 2
+# alone, as pytest's fd capture would swallow the report of a test that aborts.
 start=$(date +%s)
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
-"$PYTHON" -m pytest -q -ra -p no:cacheprovider --capture=sys -m "not peer" --ignore=tests/test_fuzz.py tests \
+"$PYTHON" -m pytest -q -ra -p no:cacheprovider --capture=sys -m "not peer" --ignore=tests/tools/test_fuzz.py tests \
   ${PYTEST_ARGS:-} 2>&1 | tee "$LOG/pytest.log" || status=1
 echo "sanitize: test suite took $(($(date +%s) - start)) s"
 
 start=$(date +%s)
-"$PYTHON" tools/fuzz.py --seconds "${FUZZ_SECONDS:-60}" 2>&1 | tee "$LOG/fuzz.log" || status=1
+"$PYTHON" tools/check/fuzz.py --seconds "${FUZZ_SECONDS:-60}" 2>&1 | tee "$LOG/fuzz.log" || status=1
 echo "sanitize: fuzzing took $(($(date +%s) - start)) s"
 
 reports=$(cat "$LOG/pytest.log" "$LOG/fuzz.log" | grep -E -c "$REPORT" || true)

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Builds the torch-free decode harness (tools/decode_bench.cu + the Hopper sparse attention kernels and the portable
-# ones they fall back to) with nvcc for sm_90a into build/decode_bench/, and runs it when a GPU is present
+# Builds the torch-free decode harness (tools/perf/decode_bench.cu + the Hopper sparse attention kernels and the
+# portable ones they fall back to) with nvcc for sm_90a into build/decode_bench/, and runs it when a GPU is present
 # (arguments go to the harness).
 #   DECODE_BENCH_BUILD_ONLY=1 only builds.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT_DIR=build/decode_bench
 mkdir -p "$OUT_DIR"
 if [ ! -x "$OUT_DIR/decode_bench" ] || [ -n "$(find csrc tools -newer "$OUT_DIR/decode_bench" -name '*.cu*' -o -newer "$OUT_DIR/decode_bench" -name '*.h')" ]; then
@@ -16,7 +16,7 @@ if [ ! -x "$OUT_DIR/decode_bench" ] || [ -n "$(find csrc tools -newer "$OUT_DIR/
     nvcc "${common[@]}" --fmad=false -gencode arch=compute_90,code=sm_90 -c "$src" \
       -o "$OUT_DIR/portable_$(basename "$src" .cu).o" & pids+=($!)
   done
-  for src in csrc/cuda/sm90/sparse_mla_decode.cu tools/decode_bench.cu; do
+  for src in csrc/cuda/sm90/sparse_mla_decode.cu tools/perf/decode_bench.cu; do
     nvcc "${common[@]}" -DDSV4_HAVE_SM90 -Xptxas=-v -gencode arch=compute_90a,code=sm_90a -c "$src" \
       -o "$OUT_DIR/$(basename "$src" .cu).o" 2> "$OUT_DIR/$(basename "$src" .cu).ptxas" & pids+=($!)
   done

@@ -1,12 +1,6 @@
-"""The decode A/B log table (tools/decode_ab_table.py) reads every tree's rounds and marks what a tree lacks."""
+"""The decode A/B log table (tools/perf/decode_ab_table.py) reads every tree's rounds and marks what a tree lacks."""
 
-import importlib.util
-from pathlib import Path
-
-_spec = importlib.util.spec_from_file_location(
-    "decode_ab_table", Path(__file__).resolve().parents[1] / "tools" / "decode_ab_table.py")
-decode_ab_table = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(decode_ab_table)
+from tools.perf import decode_ab_table
 
 LOG = """=== base round 1
 B=128 H=64 128+512 parts=132 pieces=128

@@ -6,10 +6,10 @@
 #   GPU_CHECK_FULL_GRID=1 adds the full FlashMLA-style attention grids, PYTEST_ARGS adds pytest arguments,
 #   GPU_CHECK_TEST_TIMEOUT (seconds, default 420) bounds the tests.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-build/gpu_check}
 mkdir -p "$OUT"
-. scripts/gpu_env.sh
+. tools/gpu/gpu_env.sh
 summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
 : > "$OUT/summary.txt"
 summary "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)  torch $($PY -c 'import torch; print(torch.__version__)')  nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"

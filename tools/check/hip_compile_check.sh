@@ -9,7 +9,7 @@ set -euo pipefail
 HIP_PACKAGES=(hipcc libamdhip64-dev rocm-device-libs)
 HIP_ARCHS=(gfx90a gfx940)
 
-repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 python=${PYTHON:-$repo_root/.venv/bin/python}
 
 fail() { echo "hip_compile_check: $*" >&2; exit 1; }
@@ -41,7 +41,7 @@ command -v hipcc >/dev/null || fail "hipcc is not on PATH after installing ${HIP
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-"$python" "$repo_root/scripts/hipify_portable.py" "$repo_root/csrc" "$work" >"$work/units" 2>"$work/hipify.log" || {
+"$python" "$repo_root/tools/check/hipify_portable.py" "$repo_root/csrc" "$work" >"$work/units" 2>"$work/hipify.log" || {
   cat "$work/hipify.log" >&2
   fail "hipify failed"
 }

@@ -5,7 +5,7 @@ prints the stall reasons over all warp-state samples, the code regions with the 
 instructions executed equally often: one loop body, one role's start or end; instructions never executed join the
 run they sit in) with their leading reasons, and the instructions with the most samples.
 
-    python tools/ncu_stalls.py SASS_CSV [--min-samples N] [--top N]
+    python tools/perf/ncu_stalls.py SASS_CSV [--min-samples N] [--top N]
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Table of a decode A/B log (scripts/decode_ab.sh): the Hopper tier's median us per case and tree, one column per
+"""Table of a decode A/B log (tools/perf/ab.sh decode): the Hopper tier's median us per case and tree, one column per
 tree with its rounds side by side."""
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
-"""The stall summary of an Nsight Compute SASS export (tools/ncu_stalls.py): instructions, regions, reasons."""
-
-import importlib.util
-import sys
-from pathlib import Path
+"""The stall summary of an Nsight Compute SASS export (tools/perf/ncu_stalls.py): instructions, regions, reasons."""
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "ncu_stalls", Path(__file__).resolve().parents[1] / "tools" / "ncu_stalls.py")
-ncu_stalls = importlib.util.module_from_spec(_spec)
-sys.modules["ncu_stalls"] = ncu_stalls  # its dataclasses look their module up
-_spec.loader.exec_module(ncu_stalls)
+from tools.perf import ncu_stalls
 
 HEADER = ('"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed",'
           '"stall_barrier","stall_long_sb","stall_no_inst","stall_long_sb (Not Issued)"')

@@ -1,0 +1,1 @@
+"""Checks that make and CI run, no GPU needed: compile checks, the sanitizer run, the fuzzer, the peer fetch."""
