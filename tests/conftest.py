@@ -29,7 +29,7 @@ def isa(request, monkeypatch):
     """Forces one CPU tier for the test (skipped when this CPU lacks it), then restores auto. A CUDA tier runs
     every ``dsv4.ops`` call of the test on the GPU instead (cuda_shuttle.py)."""
     if request.param in CUDA_TIERS:
-        from cuda_shuttle import run_ops_on_cuda
+        from helpers.cuda_shuttle import run_ops_on_cuda
 
         if request.param == "cuda-portable":
             monkeypatch.setenv("DSV4_CUDA_TIER", "portable")
@@ -50,7 +50,7 @@ def opcheck(request):
 
     def run(op, args, **kwargs):
         if request.param == "cuda":
-            from cuda_shuttle import GpuTwins
+            from helpers.cuda_shuttle import GpuTwins
 
             args = GpuTwins().to_gpu(tuple(args))
         torch.library.opcheck(op, args, **kwargs)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fetches vLLM's CPU kernel library, the peer of tests/test_peer_vllm.py, into .peer/vllm/.
+# Fetches vLLM's CPU kernel library, the peer of tests/compat/test_peer_vllm.py, into .peer/vllm/.
 # Idempotent and quiet on success; any failure exits non-zero with the reason on stderr.
 # Only vllm/_C.abi3.so is needed: its other dependencies are torch's libraries (already loaded
 # with torch) and the system's libnuma.so.1.

@@ -5,67 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import random_pages
 from dsv4 import ops
-from dsv4.cache import indexer_k_page_bytes
-from dsv4.reference import indexer, quant
-
-HEAD_DIM = 128
-# The kernels sum the head dots in another order than the reference: fp32 rounding noise, relative to the row.
-RELATIVE_TOL = 1e-5
-
-
-def random_fp8(*shape: int) -> torch.Tensor:
-    """e4m3 values of mixed magnitudes (normal and subnormal codes, both signs, no NaN)."""
-    values = torch.randn(shape) * torch.exp2(torch.randint(-8, 5, shape).float())
-    return values.clamp(-448, 448).to(torch.float8_e4m3fn)
-
-
-def indexer_cache(num_blocks: int, block_size: int, pad_bytes: int) -> torch.Tensor:
-    """A random-byte indexer K cache whose entries all hold valid e4m3 codes and positive power-of-two scales."""
-    cache = random_pages(num_blocks, indexer_k_page_bytes(block_size), pad_bytes)
-    keys = torch.randn(num_blocks * block_size, HEAD_DIM) * torch.rand(num_blocks * block_size, 1) * 4
-    codes, scales = quant.indexer_k_pack(keys)
-    quant.indexer_k_write(cache, torch.arange(num_blocks * block_size), block_size, codes, scales)
-    return cache
-
-
-def assert_logits_match(got: torch.Tensor, want: torch.Tensor, valid: torch.Tensor) -> None:
-    """Equal -inf pattern and values within fp32 summation noise where ``valid`` (all of it when cleaning)."""
-    assert got.shape == want.shape
-    g, w = got[valid], want[valid]
-    assert torch.equal(torch.isneginf(g), torch.isneginf(w))
-    finite = ~torch.isneginf(w)
-    if finite.any():
-        scale = w[finite].abs().max()
-        assert (g[finite] - w[finite]).abs().max() <= RELATIVE_TOL * scale + 1e-6
-
-
-def paged_case(batch, next_n, heads, block_size, lens, lens_2d, pad_bytes=0, index_dtype=torch.int32, holes=False,
-               pool=None):
-    """pool: every page drawn from that many blocks (shared across rows, cheap to build) instead of its own."""
-    max_len = int(max(lens)) + 3
-    pages_per_req = (max_len + block_size - 1) // block_size
-    num_blocks = pool or batch * pages_per_req + 1
-    cache = indexer_cache(num_blocks, block_size, pad_bytes)
-    if pool:
-        table = torch.randint(0, pool, (batch, pages_per_req)).to(index_dtype)
-    else:
-        table = (torch.randperm(num_blocks)[: batch * pages_per_req].view(batch, pages_per_req)).to(index_dtype)
-    if holes:  # missing pages: -1 and past the cache
-        table[0, 0] = -1
-        table[-1, -1] = num_blocks + 5
-    ctx = torch.tensor(lens, dtype=index_dtype)
-    if lens_2d:
-        ctx = (ctx[:, None] - next_n + 1 + torch.arange(next_n)).clamp(min=0).to(index_dtype)
-    q = random_fp8(batch, next_n, heads, HEAD_DIM)
-    weights = torch.randn(batch * next_n, heads)
-    return q, cache, weights, ctx, table, block_size, max_len
-
-
-def row_valid_mask(ctx: torch.Tensor, next_n: int, max_len: int) -> torch.Tensor:
-    lens = ctx.long() if ctx.dim() == 2 else ctx.long()[:, None] - next_n + 1 + torch.arange(next_n)
-    return torch.arange(max_len)[None, :] < lens.reshape(-1, 1).clamp(0, max_len)
+from dsv4.reference import indexer
+from helpers.indexer_cases import (
+    HEAD_DIM,
+    assert_logits_match,
+    indexer_cache,
+    paged_case,
+    random_fp8,
+    row_valid_mask,
+)
 
 
 def assert_both_cleaning_modes(args) -> None:

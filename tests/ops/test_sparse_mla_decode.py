@@ -26,7 +26,7 @@ from dsv4.constants import (
     V32_NOPE_DIM,
 )
 from dsv4.reference import quant
-from sparse_mla_cases import (
+from helpers.sparse_mla_cases import (
     D_V,
     DEFAULT_DECODE_CASES,
     SPLIT_THREADS,

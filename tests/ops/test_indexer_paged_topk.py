@@ -6,7 +6,7 @@ import torch
 from conftest import assert_rejects
 from dsv4 import ops
 from dsv4.reference import indexer
-from test_mqa_logits import indexer_cache, random_fp8
+from helpers.indexer_cases import indexer_cache, random_fp8
 
 HEAD_DIM, BLOCK = 128, 64
 

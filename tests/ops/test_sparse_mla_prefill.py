@@ -11,7 +11,7 @@ import torch
 
 from dsv4 import ops
 from dsv4.constants import MODEL1_HEAD_DIM, V32_HEAD_DIM
-from sparse_mla_cases import (
+from helpers.sparse_mla_cases import (
     D_V,
     DEFAULT_PREFILL_CASES,
     SPLIT_THREADS,

@@ -12,16 +12,16 @@ import torch
 from conftest import CUDA_TIERS
 from dsv4 import cache, flash_mla, ops
 from dsv4.reference import indexer, sparse_mla
-from sparse_mla_cases import (
+from helpers.indexer_cases import assert_logits_match, paged_case, row_valid_mask
+from helpers.sparse_mla_cases import (
     DecodeCase,
     PrefillCase,
     assert_attention_close,
     decode_inputs,
+    flashmla_kwargs,
     prefill_inputs,
     reference_prefill,
 )
-from test_flash_mla_api import flashmla_kwargs
-from test_mqa_logits import assert_logits_match, paged_case, row_valid_mask
 
 needs_cuda = pytest.mark.skipif(not CUDA_TIERS, reason="needs a GPU and dsv4._C_cuda")
 BLOCK_ENTRIES, FIXED_COST, COMBINE_COST = 64, 5, 2  # the plan's block size, per-piece and combine costs (params.h)

@@ -70,7 +70,7 @@ def test_block_allocator_tables_and_slots():
 
 # ---- the one C++ home of the record geometry (csrc/common/cache_layouts.h) agrees with dsv4.constants ----
 
-LAYOUT_HEADER = Path(__file__).resolve().parents[1] / "csrc" / "common" / "cache_layouts.h"
+LAYOUT_HEADER = Path(__file__).resolve().parents[2] / "csrc" / "common" / "cache_layouts.h"
 C = constants
 PYTHON_LAYOUTS = {  # every constant of the header, as dsv4.constants spells it
     "kModel1HeadDim": C.MODEL1_HEAD_DIM, "kModel1NopeDim": C.MODEL1_NOPE_DIM, "kModel1RopeDim": C.MODEL1_ROPE_DIM,

@@ -35,7 +35,7 @@ from dsv4.constants import (
     ROPE_DIM,
 )
 from dsv4.reference.quant import decode_e4m3
-from peer_vllm import load_peer_reason
+from helpers.peer_vllm import load_peer_reason
 
 PEER, PEER_UNAVAILABLE = load_peer_reason()
 if PEER is None:

@@ -11,8 +11,8 @@ import torch
 
 from dsv4.compat import vllm_cpu as compat
 from dsv4.constants import MODEL1_HEAD_DIM, SLIDING_WINDOW
-from peer_vllm import load_peer_reason
-from sparse_mla_cases import index_set
+from helpers.peer_vllm import load_peer_reason
+from helpers.sparse_mla_cases import index_set
 
 PEER, PEER_UNAVAILABLE = load_peer_reason()
 if PEER is None:

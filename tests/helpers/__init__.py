@@ -1,0 +1,1 @@
+"""Case builders and harnesses the tests share (no tests here)."""
