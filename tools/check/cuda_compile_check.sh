@@ -31,8 +31,8 @@ run_logged() {
 }
 
 sm90=ON
-compgen -G "$repo_root/csrc/cuda/sm90/*.cu" >/dev/null || sm90=OFF
-[[ $sm90 == ON ]] || echo "cuda_compile_check: no csrc/cuda/sm90/*.cu yet: Hopper tier skipped"
+[[ -n $(find "$repo_root/csrc/cuda/sm90" -name '*.cu' -print -quit 2>/dev/null) ]] || sm90=OFF
+[[ $sm90 == ON ]] || echo "cuda_compile_check: no csrc/cuda/sm90/**/*.cu yet: Hopper tier skipped"
 
 run_logged "$build/configure.log" cmake -S "$repo_root" -B "$build" -G Ninja \
   -DDSV4_PYTHON="$python" -DCMAKE_CUDA_COMPILER="$nvcc" \

@@ -51,12 +51,14 @@ hip_flags=(-c -std=c++17 -Wall -Wextra -Wno-unused-parameter -ffp-contract=off -
 for arch in "${HIP_ARCHS[@]}"; do hip_flags+=("--offload-arch=$arch"); done
 
 # Each hipified header on its own too, so a helper no kernel uses yet is still checked.
-for header in "$work"/csrc/hip/portable/*.cuh; do
-  unit="$work/headers/$(basename "$header" .cuh).hip"
+while IFS= read -r header; do
+  rel=${header#"$work/csrc/hip/portable/"}  # family folders: indexer/score.cuh -> unit indexer_score.hip
+  unit="$work/headers/${rel//\//_}"
+  unit="${unit%.cuh}.hip"
   mkdir -p "$work/headers"
-  printf '#include "hip/portable/%s"\n' "$(basename "$header")" >"$unit"
+  printf '#include "hip/portable/%s"\n' "$rel" >"$unit"
   echo "$unit" >>"$work/units"
-done
+done < <(find "$work/csrc/hip/portable" -name '*.cuh' | sort)
 
 failed=()
 count=0

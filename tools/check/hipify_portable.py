@@ -2,7 +2,7 @@
 
 Usage: hipify_portable.py CSRC_DIR OUT_DIR [--bindings]. Copies the sources into OUT_DIR/csrc (the original tree
 is never touched), hipifies them there and prints the hipified translation units, one per line: the portable
-kernels (csrc/hip/portable/*.hip) and, with --bindings, the binding sources. Include them with -I OUT_DIR/csrc.
+kernels (csrc/hip/portable/**/*.hip) and, with --bindings, the binding sources. Include them with -I OUT_DIR/csrc.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 # The portable tier and every header it includes; the CUDA runtime calls of these must all have HIP names.
-PORTABLE_FILES = ("cuda/portable/*.cu", "cuda/portable/*.cuh", "cuda/launchers.h", "common/*.h")
+PORTABLE_FILES = ("cuda/portable/**/*.cu", "cuda/portable/**/*.cuh", "cuda/launchers.h", "common/*.h")
 # The _C_cuda glue: bindings (compiled per backend), the kernel table and the module entry point.
 BINDING_FILES = ("api/*.cpp", "api/*.h", "cuda/kernel_table.cpp", "cuda/kernel_table.h", "cuda/module.cpp")
 

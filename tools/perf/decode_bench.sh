@@ -8,15 +8,16 @@ cd "$(dirname "$0")/../.."
 OUT_DIR=build/decode_bench
 mkdir -p "$OUT_DIR"
 if [ ! -x "$OUT_DIR/decode_bench" ] || [ -n "$(find csrc tools -newer "$OUT_DIR/decode_bench" -name '*.cu*' -o -newer "$OUT_DIR/decode_bench" -name '*.h')" ]; then
+  rm -f "$OUT_DIR"/*.o "$OUT_DIR"/*.ptxas  # every object is rebuilt: one left from a renamed source would link twice
   common=(-std=c++17 --expt-relaxed-constexpr -O3 -Icsrc)
-  portable=(csrc/cuda/portable/sparse_mla_decode.cu csrc/cuda/portable/decode_schedule.cu
-            csrc/cuda/portable/decode_combine.cu csrc/cuda/portable/sparse_mla_prefill.cu)
+  portable=(csrc/cuda/portable/sparse_mla/decode.cu csrc/cuda/portable/sparse_mla/schedule.cu
+            csrc/cuda/portable/sparse_mla/combine.cu csrc/cuda/portable/sparse_mla/prefill.cu)
   pids=()
   for src in "${portable[@]}"; do
     nvcc "${common[@]}" --fmad=false -gencode arch=compute_90,code=sm_90 -c "$src" \
       -o "$OUT_DIR/portable_$(basename "$src" .cu).o" & pids+=($!)
   done
-  for src in csrc/cuda/sm90/sparse_mla_decode.cu tools/perf/decode_bench.cu; do
+  for src in csrc/cuda/sm90/sparse_mla/decode.cu tools/perf/decode_bench.cu; do
     nvcc "${common[@]}" -DDSV4_HAVE_SM90 -Xptxas=-v -gencode arch=compute_90a,code=sm_90a -c "$src" \
       -o "$OUT_DIR/$(basename "$src" .cu).o" 2> "$OUT_DIR/$(basename "$src" .cu).ptxas" & pids+=($!)
   done

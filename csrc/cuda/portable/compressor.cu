@@ -2,7 +2,7 @@
 // each group: per-channel softmax pool over the window rows, RMSNorm, RoPE, quantize into the MODEL1 (head 512) or
 // indexer K (head 128) cache. One CTA per token: all threads pool channels, warp 0 finishes the row.
 #include "cuda/launchers.h"
-#include "cuda/portable/cache_layouts.cuh"
+#include "cuda/portable/records.cuh"
 
 namespace dsv4::cuda {
 namespace {

@@ -2,7 +2,7 @@
 // rows (indices outside [0, s_kv) and columns at or past topk_length are skipped), writing out, lse and
 // max_logits (the largest scaled score: -inf, with lse +inf and out 0, when nothing is attended).
 #include "cuda/launchers.h"
-#include "cuda/portable/sparse_mla_cta.cuh"
+#include "cuda/portable/sparse_mla/cta.cuh"
 
 namespace dsv4::cuda {
 namespace {

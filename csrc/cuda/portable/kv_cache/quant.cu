@@ -1,7 +1,7 @@
 // Generic cache writers and reader: MODEL1 / V32 quantize + insert, their dequantizing gather to bf16, and the
 // indexer K insert. One warp per row; rows are bf16-rounded before quantizing, like the CPU kernels.
 #include "cuda/launchers.h"
-#include "cuda/portable/cache_layouts.cuh"
+#include "cuda/portable/records.cuh"
 
 namespace dsv4::cuda {
 namespace {

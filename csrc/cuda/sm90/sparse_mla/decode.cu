@@ -17,8 +17,8 @@
 
 #include "common/decode_schedule.h"
 #include "cuda/launchers.h"
-#include "cuda/portable/sparse_mla_common.cuh"
-#include "cuda/sm90/decode_tiles.cuh"
+#include "cuda/portable/sparse_mla/common.cuh"
+#include "cuda/sm90/sparse_mla/tiles.cuh"
 #include "cuda/sm90/warp_mma.cuh"
 #include "cuda/sm90/wgmma.cuh"
 

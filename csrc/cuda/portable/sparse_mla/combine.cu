@@ -5,7 +5,7 @@
 #include <atomic>
 
 #include "cuda/launchers.h"
-#include "cuda/portable/sparse_mla_common.cuh"
+#include "cuda/portable/sparse_mla/common.cuh"
 
 namespace dsv4::cuda {
 namespace {

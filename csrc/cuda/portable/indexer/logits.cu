@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "cuda/launchers.h"
-#include "cuda/portable/mqa_score.cuh"
+#include "cuda/portable/indexer/score.cuh"
 
 namespace dsv4::cuda {
 namespace {

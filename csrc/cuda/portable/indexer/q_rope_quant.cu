@@ -1,7 +1,7 @@
 // Indexer query: RoPE on dims [64, 128) (rounded to bf16), per-(token, head) power-of-two fp8 quantization, the q
 // scale folded into the head weight. One warp per (token, head) row.
 #include "cuda/launchers.h"
-#include "cuda/portable/cache_layouts.cuh"
+#include "cuda/portable/records.cuh"
 
 namespace dsv4::cuda {
 namespace {

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuda/portable/sparse_mla_common.cuh"
+#include "cuda/portable/sparse_mla/common.cuh"
 
 namespace dsv4::cuda::mla {
 

@@ -1,7 +1,7 @@
 // Fused SWA step: q heads RMS-normalized (no weight) and rotated into q_out (padded heads exactly 0), kv rows
 // rotated and MODEL1-quantized into the cache. One warp per q head row, one warp per kv row.
 #include "cuda/launchers.h"
-#include "cuda/portable/cache_layouts.cuh"
+#include "cuda/portable/records.cuh"
 
 namespace dsv4::cuda {
 namespace {

@@ -7,7 +7,7 @@
 #include <algorithm>
 
 #include "cuda/launchers.h"
-#include "cuda/portable/mqa_score.cuh"
+#include "cuda/portable/indexer/score.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
 namespace dsv4::cuda::sm90 {

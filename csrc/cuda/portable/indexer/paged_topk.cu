@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "cuda/launchers.h"
-#include "cuda/portable/mqa_score.cuh"
+#include "cuda/portable/indexer/score.cuh"
 #include "cuda/portable/topk.cuh"
 
 namespace dsv4::cuda {
