@@ -101,16 +101,11 @@ def flash_mla_with_kvcache(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashMLA sparse decode: one softmax over the main and extra index sets, plus the sink.
 
-    q: bf16 ``[b, s_q, h_q, d_qk]`` (d_qk 512 = MODEL1, 576 = V32; any h_q from 1 to 128).
-    k_cache / extra_k_cache: fp8 caches ``[num_blocks, page_block_size, 1, bytes_per_token]``.
-    indices / extra_indices_in_kvcache: int32 (or int64) ``[b, s_q, topk]`` slot ids
-    ``block * page_block_size + offset``; -1, anything outside the cache and columns at or past
-    ``topk_length[b]`` / ``extra_topk_length[b]`` (int ``[b]``) are skipped; a slot listed twice counts twice.
-    attn_sink: fp32 ``[h_q]``: out is scaled by ``1 / (1 + exp(sink - lse))`` (+inf gives 0, -inf no change).
-    block_table and cache_seqlens are ignored in sparse mode (may be None). softmax_scale defaults to
-    ``d_qk ** -0.5``. Returns out bf16 ``[b, s_q, h_q, head_dim_v]`` (written into ``out`` when given) and
-    the natural-log lse fp32 ``[b, h_q, s_q]`` without the sink; a query with no valid entry gives 0 and +inf, a
-    NaN score (NaN in q or an attended row) NaN.
+    k_cache / extra_k_cache: fp8 caches ``[num_blocks, page_block_size, 1, bytes_per_token]`` (the page block size
+    comes from dimension 1); indices / extra_indices_in_kvcache: slot ids ``block * page_block_size + offset``.
+    block_table and cache_seqlens are ignored in sparse mode (may be None); out, when given, receives the output.
+    Everything else (shapes, which entries are skipped, out and lse, the sink, NaN and empty rules):
+    :func:`dsv4.reference.sparse_mla.sparse_mla_decode`, the one contract of this op.
     """
     if not isinstance(tile_scheduler_metadata, FlashMLASchedMeta):
         raise TypeError(f"flash_mla_with_kvcache: tile_scheduler_metadata must be the FlashMLASchedMeta from "

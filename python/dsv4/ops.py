@@ -304,13 +304,10 @@ def sparse_mla_decode(
     tile_scheduler_metadata: torch.Tensor | None = None,
     num_splits: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """FlashMLA sparse decode over fp8 caches: one softmax over the main and extra index sets.
+    """FlashMLA sparse decode over fp8 caches: one softmax over the main and extra index sets, plus the sink.
 
-    q bf16 ``[b, s_q, h_q, d_qk]`` (512 = MODEL1, 576 = V32); indices ``[b, s_q, topk]`` global
-    slots (-1 / out of cache / at or past ``topk_length[b]`` are invalid). Returns out bf16
-    ``[b, s_q, h_q, head_dim_v]`` and natural-log lse fp32 ``[b, h_q, s_q]``; a query with no valid
-    entry gives 0 and lse +inf; a NaN score (NaN in q or in an attended row) gives NaN out and lse for its
-    heads. ``attn_sink [h_q]`` scales out by ``1 / (1 + exp(sink - lse))``.
+    Contract (shapes, validity of entries, out and lse, NaN and empty rules, the sink):
+    :func:`dsv4.reference.sparse_mla.sparse_mla_decode`, which this matches.
     ``tile_scheduler_metadata`` / ``num_splits``: a plan from :func:`sparse_mla_decode_schedule` for these
     lengths (CUDA plans on the device when they are None; the CPU ignores them).
     """

@@ -103,11 +103,18 @@ def sparse_mla_decode(
     head_dim_v: int = HEAD_DIM_V,
     sm_scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """out bf16 ``[b, s_q, h_q, head_dim_v]`` and lse fp32 ``[b, h_q, s_q]`` of q bf16 ``[b, s_q, h_q, d_qk]``.
+    """The contract of sparse MLA decode (every other description of it points here).
 
-    d_qk 512 reads a MODEL1 cache, 576 a V32 cache. indices ``[b, s_q, topk]`` are global slots; an
-    entry is invalid when outside ``[0, num_blocks * block_size)`` or at column >= ``topk_length[b]``.
-    The extra set (same rules with the extra_* arguments) joins the same softmax.
+    q bf16 ``[b, s_q, h_q, d_qk]``, h_q 1 to 128; d_qk 512 reads a MODEL1 cache, 576 a V32 cache. indices
+    int32 / int64 ``[b, s_q, topk]`` are global slots ``block * block_size + offset``; an entry is invalid (skipped)
+    when -1, outside ``[0, num_blocks * block_size)`` or at a column >= ``topk_length[b]``; a slot listed twice counts
+    twice. The extra set (the same rules with the extra_* arguments, its own cache and block size) joins the same
+    softmax. Scores are ``sm_scale * <q, k>`` (default ``d_qk ** -0.5``) over the full d_qk; values are the first
+    head_dim_v (512) dims of each entry.
+    Returns out bf16 ``[b, s_q, h_q, head_dim_v]`` and the natural-log lse fp32 ``[b, h_q, s_q]`` without the sink.
+    A query with no valid entry gives out 0 and lse +inf; a NaN score (NaN in q or in an attended row) gives NaN out
+    and lse for its heads. ``attn_sink`` fp32 ``[h_q]`` scales out by ``1 / (1 + exp(sink - lse))`` (+inf gives 0,
+    -inf no change).
     """
     batch, s_q, heads, d_qk = q.shape
     scale = d_qk**-0.5 if sm_scale is None else sm_scale
