@@ -5,6 +5,7 @@ SCALE_FLOOR = 1e-4  # MODEL1/V32 tiles: floor of amax/448 before the power-of-tw
 INDEXER_AMAX_FLOOR = 1e-4  # indexer K/Q: floor of amax before the power-of-two ceiling
 
 CACHE_ALIGNMENT = 576  # page byte sizes are rounded up to a multiple of this
+PAGE_ALIGNMENTS = (512, CACHE_ALIGNMENT)  # the multiples engines pad pages to (vLLM: 576 with fp8_ds_mla, 512 else)
 
 # MODEL1 ("fp8_ds_mla", DSv4) KV cache entry
 MODEL1_HEAD_DIM = 512

@@ -100,6 +100,7 @@ def test_layout_header_agrees_with_constants():
     assert header_constants() == PYTHON_LAYOUTS
 
 
-def test_page_alignments_include_the_one_dsv4_allocates_with():
+def test_page_alignments_agree_and_include_the_one_dsv4_allocates_with():
     alignments = re.search(r"kPageAlignments\[2\] = \{(\d+), (\d+)\}", LAYOUT_HEADER.read_text())
-    assert C.CACHE_ALIGNMENT in {int(alignments.group(1)), int(alignments.group(2))}
+    assert (int(alignments.group(1)), int(alignments.group(2))) == C.PAGE_ALIGNMENTS
+    assert C.CACHE_ALIGNMENT in C.PAGE_ALIGNMENTS

@@ -12,6 +12,7 @@ import torch
 from conftest import assert_rejects, random_pages
 from dsv4.cache import indexer_k_page_bytes, kv_page_bytes
 from dsv4.constants import INDEXER_K_BYTES_PER_ENTRY, MODEL1_BYTES_PER_TOKEN
+from dsv4.reference import OP_IMPLS
 from dsv4.rope import rope_cos_sin_cache
 
 NUM_BLOCKS = 4
@@ -168,3 +169,26 @@ def test_flash_mla_view_names_its_block_size():
 def test_a_page_with_room_for_more_is_rejected():
     cache = random_pages(NUM_BLOCKS, kv_page_bytes(64) + 576)  # room for the next alignment step: not this block size
     assert_rejects(torch.ops.dsv4.sparse_mla_decode, decode_args(cache, 64), "pages hold 38016 bytes")
+
+
+# The reference adapters (what stands in for a missing native kernel) hold caches to the same geometry.
+REFERENCE_OPS = {
+    "sparse_mla_decode": (OP_IMPLS["sparse_mla_decode"], decode_args, model1_cache, 64),
+    "fp8_paged_mqa_logits": (OP_IMPLS["fp8_paged_mqa_logits"], logits_args, indexer_cache, 16),
+}
+
+
+@pytest.mark.parametrize("name", REFERENCE_OPS)
+def test_reference_adapters_check_the_same_geometry(name):
+    op, make_args, make_cache, block_size = REFERENCE_OPS[name]
+    op(**make_args(make_cache(block_size), block_size))
+    for given in (block_size // 2, 2 * block_size):
+        with pytest.raises(RuntimeError, match=f"dsv4::{name}: argument 'kv_cache' must have pages of"):
+            op(**make_args(make_cache(block_size), given))
+    view = make_cache(block_size, pad=0)[:, : block_size * ENTRY_BYTES[name]]
+    view = view.view(NUM_BLOCKS, block_size, ENTRY_BYTES[name])
+    with pytest.raises(RuntimeError, match=f"dsv4::{name}: argument 'kv_cache' must have {block_size - 1} entries"):
+        op(**make_args(view, block_size - 1))
+
+
+ENTRY_BYTES = {"sparse_mla_decode": MODEL1_BYTES_PER_TOKEN, "fp8_paged_mqa_logits": INDEXER_K_BYTES_PER_ENTRY}

@@ -5,9 +5,12 @@ Messages follow the C++ checks (csrc/api/checks.h): "dsv4::<op>: argument '<name
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
+
+from ..constants import PAGE_ALIGNMENTS
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 CACHE_DTYPES = (torch.uint8, torch.int8, torch.float8_e4m3fn)
@@ -73,6 +76,16 @@ def check_paged_cache(op: str, name: str, cache: torch.Tensor, block_size: int, 
         expected_stride *= cache.shape[d]
     check(expected_stride >= block_size * bytes_per_entry, op, name,
           f"have pages of at least {block_size * bytes_per_entry} bytes (block_size {block_size} x {bytes_per_entry})",
+          f"{expected_stride} bytes per page")
+    # The cache carries its geometry, as the kernels' bindings require: an entry axis names block_size, and a page is
+    # exactly block_size entries, unpadded or padded to one of the engines' alignments.
+    check(cache.dim() < 3 or cache.shape[1] == block_size, op, name,
+          f"have {block_size} entries per page in dimension 1 ({block_size_name})", f"shape {list(cache.shape)}")
+    raw = block_size * bytes_per_entry
+    pages = sorted({raw, *(math.ceil(raw / a) * a for a in PAGE_ALIGNMENTS)})
+    check(expected_stride in pages, op, name,
+          f"have pages of {' or '.join(map(str, pages))} bytes ({block_size_name} {block_size} x {bytes_per_entry}, "
+          f"unpadded or padded to a multiple of {' or '.join(map(str, PAGE_ALIGNMENTS))})",
           f"{expected_stride} bytes per page")
     check(cache.shape[0] <= 1 or cache.stride(0) >= expected_stride, op, name,
           "have a page stride no smaller than the page", f"stride {cache.stride(0)} for {expected_stride}-byte pages")
