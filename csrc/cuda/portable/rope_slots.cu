@@ -11,6 +11,9 @@ constexpr int kRopeRowThreads = 128;  // one (token, head) row per CTA step: up 
 
 __global__ void __launch_bounds__(kElementThreads) map_local_to_global_slots_kernel(MapLocalToGlobalSlotsParams p) {
   const int64_t total = p.rows * p.cols;
+  // The host cannot check the table here: an entry whose page of slots does not fit the output maps to -1 (the
+  // bound the CPU checks tables against), computed once per thread.
+  const int64_t max_page = ((p.out_is_int64 ? INT64_MAX : INT32_MAX) - (p.block_size - 1)) / p.block_size;
   for (int64_t i = int64_t(blockIdx.x) * kElementThreads + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * kElementThreads) {
     const int64_t r = i / p.cols, c = i - r * p.cols;
@@ -19,10 +22,7 @@ __global__ void __launch_bounds__(kElementThreads) map_local_to_global_slots_ker
     int64_t slot = -1;
     if (block >= 0 && block < p.max_blocks && req >= 0 && req < p.num_reqs) {
       const int64_t page = index_at(p.block_table, req, block);
-      // The host cannot check the table here: a page whose slots do not fit the output is unmapped, not wrapped.
-      const int64_t limit = p.out_is_int64 ? INT64_MAX : INT32_MAX;
-      if (page >= 0 && page <= (limit - local % p.block_size) / p.block_size)
-        slot = page * p.block_size + local % p.block_size;
+      if (page >= 0 && page <= max_page) slot = page * p.block_size + local % p.block_size;
     }
     if (p.out_is_int64) static_cast<int64_t*>(p.out)[i] = slot;
     else static_cast<int32_t*>(p.out)[i] = int32_t(slot);
