@@ -13,7 +13,7 @@
 #include "common/params.h"
 #include "cpu/kernel_table.h"
 
-// tier_<isa>.cpp names the tier before including the kernels; a header opened on its own (an editor, a syntax
+// CMake names the tier (-DDSV4_ISA=<isa>) for every translation unit of a tier; a header opened on its own (an editor, a syntax
 // check) is read as the generic tier.
 #ifndef DSV4_ISA
 #define DSV4_ISA generic

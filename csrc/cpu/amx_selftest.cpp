@@ -1,6 +1,8 @@
-// The AMX CPU tier: the AVX-512 kernels plus AMX tile kernels (flags set in CMakeLists.txt).
-#define DSV4_ISA amx
-#include "cpu/tier.inc"
+// The AMX tier's start-up check (compiled in that tier only): the process selects AMX only if one tile product is
+// right.
+#include <cstring>
+
+#include "cpu/kernels/amx_tiles.h"
 
 namespace dsv4::cpu {
 
