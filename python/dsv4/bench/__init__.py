@@ -1,6 +1,7 @@
 """Benchmarks of the CPU ops: median time, bytes/s or FLOP/s, ratio to the reference and to the vLLM peer.
 
-Each group module (writers, indexer, attention) builds cases on DeepSeek-V4-Flash shapes. dsv4 and the
+Each group module, named after its op family (kv_cache, compressor, rope_slots, indexer, topk, sparse_mla) or
+``layer`` (one whole attention layer), builds cases on DeepSeek-V4 shapes. dsv4 and the
 peer are called through the same vLLM-named entry points (``dsv4.compat.vllm_cpu`` and
 ``torch.ops._C``) where the peer has the op, so both run identical inputs in the same process.
 """
@@ -24,6 +25,8 @@ from ..rope import rope_cos_sin_cache
 
 MIN_RUN_SECONDS = 0.3
 ROPE_DIM, ROPE_THETA = 64, 10000.0
+# DeepSeek-V4-Flash shapes the op groups share: 64 query heads x 512, the indexer's 64 heads x 128, 64-entry blocks.
+HEADS, HEAD_DIM, INDEXER_HEADS, INDEXER_DIM, BLOCK = 64, 512, 64, 128, 64
 
 
 @dataclass
@@ -64,6 +67,28 @@ def median_us(fn: Callable[[], None]) -> float:
 
 def rope_table(max_pos: int) -> torch.Tensor:
     return rope_cos_sin_cache(max_pos, ROPE_DIM, ROPE_THETA)
+
+
+@dataclass
+class Tokens:
+    """The token batch the writer-side groups share: positions 0.., their RoPE table, and distinct random slots of
+    a MODEL1 SWA cache two blocks larger than they need."""
+
+    count: int
+    positions: torch.Tensor
+    rope: torch.Tensor
+    num_blocks: int
+    slots: torch.Tensor
+    swa: torch.Tensor
+
+
+def token_batch(quick: bool) -> Tokens:
+    from .. import cache
+
+    count = 64 if quick else 256
+    num_blocks = count // BLOCK + 2
+    return Tokens(count, torch.arange(count), rope_table(max(8192, 4 * count + 8)), num_blocks,
+                  torch.randperm(num_blocks * BLOCK)[:count], cache.allocate_kv_cache(num_blocks, BLOCK))
 
 
 def measure(cases: list[Case], with_reference: bool = True) -> list[Result]:
@@ -109,7 +134,7 @@ def report(info: dict, results: list[Result], as_json: bool) -> str:
     return "\n".join(lines)
 
 
-GROUPS = ("writers", "indexer", "attention", "layer")
+GROUPS = ("kv_cache", "compressor", "rope_slots", "indexer", "topk", "sparse_mla", "layer")
 
 
 def run(groups: list[str], quick: bool = False, with_reference: bool = True) -> tuple[dict, list[Result]]:

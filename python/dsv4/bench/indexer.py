@@ -1,20 +1,18 @@
 """Benchmark cases of the lightning indexer (DSv4-Flash: 64 heads x 128 dims, compressed ratio 4).
 
 Paged decode logits at 4K-128K raw tokens of context (1K-32K compressed entries) for batch 1-32,
-ragged prefill logits for 4096 query rows, and the top-k cases of :mod:`.topk` when present.
+ragged prefill logits for 4096 query rows, the fused paged top-k against logits + top-k, and the q quantization.
 """
 
 from __future__ import annotations
-
-import importlib.util
 
 import torch
 
 from .. import cache, ops
 from ..reference import indexer as ref_indexer
-from . import Case
+from . import BLOCK, INDEXER_DIM, INDEXER_HEADS, Case, token_batch
 
-HEADS, DIM, BLOCK, RATIO = 64, 128, 64, 4
+HEADS, DIM, RATIO = INDEXER_HEADS, INDEXER_DIM, 4
 REFERENCE_MAX_KEYS = 1 << 17  # rows x entries above which the reference is too slow to time
 
 
@@ -106,11 +104,22 @@ def prefill_topk_cases(tokens: int, raw_context: int) -> list[Case]:
     ]
 
 
+def q_rope_quant_case(quick: bool) -> Case:
+    batch = token_batch(quick)
+    tokens, positions, rope = batch.count, batch.positions, batch.rope
+    iq = torch.randn(tokens, HEADS, DIM)
+    iw = torch.randn(tokens, HEADS)
+    iq_fp8 = torch.empty(tokens, HEADS, DIM, dtype=torch.float8_e4m3fn)
+    iw_out = torch.empty(tokens, HEADS)
+    return Case("indexer_q_rope_quant", f"T={tokens} H={HEADS}", iq.nbytes + iq_fp8.nbytes + 2 * iw.nbytes,
+                lambda m: m.fused_indexer_q_rope_quant_cpu(positions, iq, rope, iq_fp8, iw, 128**-0.5, 0.125, iw_out),
+                lambda: ref_indexer.indexer_q_rope_quant(iq, positions, rope, iw, 128**-0.5, 0.125))
+
+
 def cases(quick: bool = False) -> list[Case]:
     shapes = [(1, 4096), (4, 65536)] if quick else [(1, 4096), (1, 131072), (4, 65536), (32, 16384)]
     out = [paged_case(batch, ctx) for batch, ctx in shapes]
     out.append(ragged_case(512 if quick else 4096, 1024 if quick else 4096))
     out += prefill_topk_cases(*((512, 16384) if quick else (8192, 131072)))
-    if importlib.util.find_spec(f"{__package__}.topk") is not None:
-        out += importlib.import_module(f"{__package__}.topk").topk_cases(quick)
+    out.append(q_rope_quant_case(quick))
     return out

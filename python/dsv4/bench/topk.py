@@ -29,6 +29,6 @@ def topk_case(batch: int, columns: int) -> Case:
     )
 
 
-def topk_cases(quick: bool = False) -> list[Case]:
+def cases(quick: bool = False) -> list[Case]:
     divisor = QUICK_DIVISOR if quick else 1
     return [topk_case(batch, columns // divisor) for batch, columns in SHAPES]
