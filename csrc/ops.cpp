@@ -3,9 +3,11 @@
 #include <Python.h>
 
 #include <string>
+#include <vector>
 
 #include <torch/csrc/stable/library.h>
 
+#include "common/decode_schedule.h"
 #include "cpu/isa_select.h"
 
 STABLE_TORCH_LIBRARY(dsv4, m) {
@@ -47,6 +49,10 @@ STABLE_TORCH_LIBRARY(dsv4, m) {
         "Tensor? extra_topk_length) -> (Tensor, Tensor)");
   m.def("sparse_mla_prefill(Tensor q, Tensor kv, Tensor indices, float sm_scale, int head_dim_v, Tensor? attn_sink, "
         "Tensor? topk_length) -> (Tensor, Tensor, Tensor)");
+  // The decode planner's numbers (csrc/common/decode_schedule.h), for fake kernels and tests: its partitions for
+  // `units` SMs or threads, and [entries per block, per-piece cost, combine cost] in blocks.
+  m.def("_sparse_mla_decode_partitions(int units, int s_q, int h_q) -> int");
+  m.def("_sparse_mla_decode_plan_costs() -> int[]");
   // ---- build and CPU-tier information ----
   m.def("cpu_isa() -> str");
   m.def("supported_cpu_isas() -> str");
@@ -57,12 +63,18 @@ namespace {
 std::string cpu_isa() { return dsv4::cpu::kernels().isa_name; }
 std::string supported_cpu_isas() { return dsv4::cpu::supported_isas(); }
 std::string set_cpu_isa(std::string isa) { return dsv4::cpu::set_isa(isa).isa_name; }
+int64_t decode_partitions(int64_t units, int64_t s_q, int64_t h_q) { return dsv4::decode_partitions(units, s_q, h_q); }
+std::vector<int64_t> decode_plan_costs() {
+  return {dsv4::kDecodeBlockEntries, dsv4::kDecodeFixedCostBlocks, dsv4::kDecodeCombineCostBlocks};
+}
 }  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(dsv4, CompositeExplicitAutograd, m) {
   m.impl("cpu_isa", TORCH_BOX(&cpu_isa));
   m.impl("supported_cpu_isas", TORCH_BOX(&supported_cpu_isas));
   m.impl("_set_cpu_isa", TORCH_BOX(&set_cpu_isa));
+  m.impl("_sparse_mla_decode_partitions", TORCH_BOX(&decode_partitions));
+  m.impl("_sparse_mla_decode_plan_costs", TORCH_BOX(&decode_plan_costs));
 }
 
 // `import dsv4._C` loads this library (and so registers the ops); it exposes no Python names.

@@ -25,6 +25,41 @@ REFERENCE_BACKED_CPU_OPS = frozenset(
     name for name in OP_IMPLS if not torch._C._dispatch_has_kernel_for_dispatch_key(f"dsv4::{name}", "CPU")
 )
 
+def _check_same_device(op: str, arg_names: tuple[str, ...], args: tuple, kwargs: dict) -> None:
+    """Fake kernels enforce what the real ones do: every tensor argument on one device."""
+    named = dict(zip(arg_names, args, strict=False))
+    named.update(kwargs)
+    tensors = [(name, value) for name, value in named.items() if isinstance(value, torch.Tensor)]
+    for name, value in tensors[1:]:
+        if value.device != tensors[0][1].device:
+            raise RuntimeError(
+                f"dsv4::{op}: argument '{name}' must be on the same device as '{tensors[0][0]}' "
+                f"({tensors[0][1].device}), got {value.device}"
+            )
+
+
+def _fake(op: str):
+    """Registers ``fn`` as the fake (meta) kernel of dsv4::op, behind the device check: shapes and dtypes only. Each
+    op's fake sits right after its wrapper."""
+
+    arg_names = tuple(a.name for a in getattr(_ops, op).default._schema.arguments)
+
+    def register(fn):
+        def fake(*args, **kwargs):
+            _check_same_device(op, arg_names, args, kwargs)
+            return fn(*args, **kwargs)
+
+        torch.library.register_fake(f"dsv4::{op}")(fake)
+        return fn
+
+    return register
+
+
+def _fake_writes_only(op: str) -> None:
+    """The fake kernel of an op that only writes into its arguments (returns nothing)."""
+    _fake(op)(lambda *args, **kwargs: None)
+
+
 # ---------------------------------------------------------------------------------------------
 # KV-cache writers and helpers
 # ---------------------------------------------------------------------------------------------
@@ -57,6 +92,9 @@ def qnorm_rope_kv_insert(
     return q_out
 
 
+_fake_writes_only("qnorm_rope_kv_insert")
+
+
 def indexer_q_rope_quant(
     q: torch.Tensor,
     positions: torch.Tensor,
@@ -84,6 +122,9 @@ def indexer_q_rope_quant(
     return q_fp8, weights_out
 
 
+_fake_writes_only("indexer_q_rope_quant")
+
+
 def save_partial_states(
     kv: torch.Tensor,
     score: torch.Tensor,
@@ -98,6 +139,9 @@ def save_partial_states(
     ``[num_blocks, block_size, 2W]`` (rows contiguous, block and row strides free).
     """
     _ops.save_partial_states(kv, score, ape, positions, state_cache, slot_mapping)
+
+
+_fake_writes_only("save_partial_states")
 
 
 def compress_norm_rope_store(
@@ -123,6 +167,9 @@ def compress_norm_rope_store(
                                   rms_norm_eps, cos_sin_cache, kv_cache, block_size, compress_ratio)
 
 
+_fake_writes_only("compress_norm_rope_store")
+
+
 def compress_norm_rope_store_indexer(
     state_cache: torch.Tensor,
     gather_slots: torch.Tensor,
@@ -140,9 +187,15 @@ def compress_norm_rope_store_indexer(
                                           rms_norm_eps, cos_sin_cache, kv_cache, block_size, compress_ratio)
 
 
+_fake_writes_only("compress_norm_rope_store_indexer")
+
+
 def quantize_kv_insert(kv: torch.Tensor, slot_mapping: torch.Tensor, kv_cache: torch.Tensor, block_size: int) -> None:
     """Quantize rows of kv into a MODEL1 (``[T, 512]``) or V32 (``[T, 576]``) cache; no RoPE applied."""
     _ops.quantize_kv_insert(kv, slot_mapping, kv_cache, block_size)
+
+
+_fake_writes_only("quantize_kv_insert")
 
 
 def dequantize_kv_gather(
@@ -152,11 +205,19 @@ def dequantize_kv_gather(
     return _ops.dequantize_kv_gather(kv_cache, slots, block_size, head_dim)
 
 
+@_fake("dequantize_kv_gather")
+def _dequantize_kv_gather_fake(kv_cache, slots, block_size, head_dim):
+    return slots.new_empty((*slots.shape, head_dim), dtype=torch.bfloat16)
+
+
 def indexer_k_quant_insert(
     k: torch.Tensor, slot_mapping: torch.Tensor, kv_cache: torch.Tensor, block_size: int
 ) -> None:
     """Indexer K ``[T, 128]`` -> bf16-rounded, power-of-two fp8 + fp32 scale into the 132 B/entry cache."""
     _ops.indexer_k_quant_insert(k, slot_mapping, kv_cache, block_size)
+
+
+_fake_writes_only("indexer_k_quant_insert")
 
 
 def map_local_to_global_slots(
@@ -168,6 +229,11 @@ def map_local_to_global_slots(
     block_table ``[num_reqs, max_blocks]``. Output has local_indices' dtype.
     """
     return _ops.map_local_to_global_slots(local_indices, req_ids, block_table, block_size)
+
+
+@_fake("map_local_to_global_slots")
+def _map_local_to_global_slots_fake(local_indices, req_ids, block_table, block_size):
+    return torch.empty_like(local_indices, memory_format=torch.contiguous_format)
 
 
 def inverse_rope(
@@ -186,6 +252,9 @@ def inverse_rope(
         out = torch.empty(o.shape, dtype=out_dtype or o.dtype, device=o.device)
     _ops.inverse_rope(o, positions, cos_sin_cache, out)
     return out
+
+
+_fake_writes_only("inverse_rope")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,6 +285,12 @@ def fp8_paged_mqa_logits(
                                      clean_logits, schedule_meta)
 
 
+@_fake("fp8_paged_mqa_logits")
+def _fp8_paged_mqa_logits_fake(q, kv_cache, weights, context_lens, block_table, block_size, max_context_len,
+                               clean_logits, schedule_meta=None):
+    return q.new_empty((q.shape[0] * q.shape[1], max_context_len), dtype=torch.float32)
+
+
 def fp8_mqa_logits(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -228,6 +303,11 @@ def fp8_mqa_logits(
     """DeepGEMM ragged MQA logits: q e4m3 ``[M, H, D]``, k e4m3 ``[N, D]``, k_scale fp32 ``[N]``,
     weights fp32 ``[M, H]``, ``[ks, ke)`` int32 ``[M]`` per row. Returns fp32 ``[M, N]``."""
     return _ops.fp8_mqa_logits(q, k, k_scale, weights, ks, ke, clean_logits)
+
+
+@_fake("fp8_mqa_logits")
+def _fp8_mqa_logits_fake(q, k, k_scale, weights, ks, ke, clean_logits):
+    return q.new_empty((q.shape[0], k.shape[0]), dtype=torch.float32)
 
 
 def topk_transform(
@@ -256,6 +336,9 @@ def topk_transform(
     return raw, slots
 
 
+_fake_writes_only("topk_transform")
+
+
 def fp8_paged_mqa_topk(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -280,6 +363,9 @@ def fp8_paged_mqa_topk(
         out = torch.empty(q.shape[0], k, dtype=torch.int32, device=q.device)
     _ops.fp8_paged_mqa_topk(q, kv_cache, weights, lengths, block_table, row_requests, block_size, out)
     return out
+
+
+_fake_writes_only("fp8_paged_mqa_topk")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,6 +403,16 @@ def sparse_mla_decode(
                                   tile_scheduler_metadata, num_splits)
 
 
+@_fake("sparse_mla_decode")
+def _sparse_mla_decode_fake(q, kv_cache, indices, topk_length, attn_sink, extra_kv_cache, extra_indices,
+                            extra_topk_length, block_size, extra_block_size, head_dim_v, sm_scale,
+                            tile_scheduler_metadata=None, num_splits=None):
+    b, s_q, h_q, _ = q.shape
+    out = q.new_empty((b, s_q, h_q, head_dim_v), dtype=torch.bfloat16)
+    lse = q.new_empty((b, h_q, s_q), dtype=torch.float32)
+    return out, lse
+
+
 def sparse_mla_decode_schedule(
     q: torch.Tensor,
     indices: torch.Tensor,
@@ -337,12 +433,17 @@ def sparse_mla_decode_schedule(
     return _ops.sparse_mla_decode_schedule(q, indices, topk_length, extra_indices, extra_topk_length)
 
 
+@_fake("sparse_mla_decode_schedule")
+def _sparse_mla_decode_schedule_fake(q, indices, topk_length, extra_indices, extra_topk_length):
+    parts = decode_schedule_parts(q.device, q.shape[1], q.shape[2])
+    return (q.new_empty((parts, 8), dtype=torch.int32), q.new_empty((q.shape[0] + 1,), dtype=torch.int32))
+
+
 def decode_schedule_parts(device: torch.device, s_q: int, h_q: int) -> int:
     """Partitions of a decode plan on device: SMs on CUDA, intra-op threads on the CPU, per (s_q, 64 heads)."""
     units = (torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda"
              else torch.get_num_threads())
-    work = s_q * ((h_q + 63) // 64)
-    return max(units // work if work else units, 1)
+    return _ops._sparse_mla_decode_partitions(units, s_q, h_q)
 
 
 def sparse_mla_prefill(
@@ -361,81 +462,11 @@ def sparse_mla_prefill(
     return _ops.sparse_mla_prefill(q, kv, indices, sm_scale, head_dim_v, attn_sink, topk_length)
 
 
-# ---------------------------------------------------------------------------------------------
-# Fake (meta) kernels: shapes and dtypes only
-# ---------------------------------------------------------------------------------------------
-
-
-def _check_same_device(op: str, arg_names: tuple[str, ...], args: tuple, kwargs: dict) -> None:
-    """Fake kernels enforce what the real ones do: every tensor argument on one device."""
-    named = dict(zip(arg_names, args, strict=False))
-    named.update(kwargs)
-    tensors = [(name, value) for name, value in named.items() if isinstance(value, torch.Tensor)]
-    for name, value in tensors[1:]:
-        if value.device != tensors[0][1].device:
-            raise RuntimeError(
-                f"dsv4::{op}: argument '{name}' must be on the same device as '{tensors[0][0]}' "
-                f"({tensors[0][1].device}), got {value.device}"
-            )
-
-
-def _fake(op: str):
-    """Registers ``fn`` as the fake kernel of dsv4::op, behind the device check."""
-
-    arg_names = tuple(a.name for a in getattr(_ops, op).default._schema.arguments)
-
-    def register(fn):
-        def fake(*args, **kwargs):
-            _check_same_device(op, arg_names, args, kwargs)
-            return fn(*args, **kwargs)
-
-        torch.library.register_fake(f"dsv4::{op}")(fake)
-        return fn
-
-    return register
-
-
-def _register_fakes() -> None:
-    for name in ("qnorm_rope_kv_insert", "indexer_q_rope_quant", "save_partial_states", "compress_norm_rope_store",
-                 "compress_norm_rope_store_indexer", "quantize_kv_insert", "indexer_k_quant_insert", "inverse_rope",
-                 "topk_transform", "fp8_paged_mqa_topk"):
-        _fake(name)(lambda *args, **kwargs: None)
-
-    @_fake("dequantize_kv_gather")
-    def _(kv_cache, slots, block_size, head_dim):
-        return slots.new_empty((*slots.shape, head_dim), dtype=torch.bfloat16)
-
-    @_fake("map_local_to_global_slots")
-    def _(local_indices, req_ids, block_table, block_size):
-        return torch.empty_like(local_indices, memory_format=torch.contiguous_format)
-
-    @_fake("fp8_paged_mqa_logits")
-    def _(q, kv_cache, weights, context_lens, block_table, block_size, max_context_len, clean_logits,
-          schedule_meta=None):
-        return q.new_empty((q.shape[0] * q.shape[1], max_context_len), dtype=torch.float32)
-
-    @_fake("fp8_mqa_logits")
-    def _(q, k, k_scale, weights, ks, ke, clean_logits):
-        return q.new_empty((q.shape[0], k.shape[0]), dtype=torch.float32)
-
-    @_fake("sparse_mla_decode")
-    def _(q, kv_cache, indices, topk_length, attn_sink, extra_kv_cache, extra_indices, extra_topk_length,
-          block_size, extra_block_size, head_dim_v, sm_scale, tile_scheduler_metadata=None, num_splits=None):
-        b, s_q, h_q, _ = q.shape
-        out = q.new_empty((b, s_q, h_q, head_dim_v), dtype=torch.bfloat16)
-        lse = q.new_empty((b, h_q, s_q), dtype=torch.float32)
-        return out, lse
-
-    @_fake("sparse_mla_decode_schedule")
-    def _(q, indices, topk_length, extra_indices, extra_topk_length):
-        parts = decode_schedule_parts(q.device, q.shape[1], q.shape[2])
-        return (q.new_empty((parts, 8), dtype=torch.int32), q.new_empty((q.shape[0] + 1,), dtype=torch.int32))
-
-    @_fake("sparse_mla_prefill")
-    def _(q, kv, indices, sm_scale, head_dim_v, attn_sink, topk_length):
-        s_q, h_q, _ = q.shape
-        out = q.new_empty((s_q, h_q, head_dim_v), dtype=torch.bfloat16)
-        return out, q.new_empty((s_q, h_q), dtype=torch.float32), q.new_empty((s_q, h_q), dtype=torch.float32)
+@_fake("sparse_mla_prefill")
+def _sparse_mla_prefill_fake(q, kv, indices, sm_scale, head_dim_v, attn_sink, topk_length):
+    s_q, h_q, _ = q.shape
+    out = q.new_empty((s_q, h_q, head_dim_v), dtype=torch.bfloat16)
+    return out, q.new_empty((s_q, h_q), dtype=torch.float32), q.new_empty((s_q, h_q), dtype=torch.float32)
 
 
 def _register_reference_cpu_kernels() -> None:
@@ -447,5 +478,4 @@ def _register_reference_cpu_kernels() -> None:
 
 
 _LIBRARIES: list[torch.library.Library] = []  # keeps the Python registrations alive
-_register_fakes()
 _register_reference_cpu_kernels()

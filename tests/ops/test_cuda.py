@@ -24,7 +24,8 @@ from helpers.sparse_mla_cases import (
 )
 
 needs_cuda = pytest.mark.skipif(not CUDA_TIERS, reason="needs a GPU and dsv4._C_cuda")
-BLOCK_ENTRIES, FIXED_COST, COMBINE_COST = 64, 5, 2  # the plan's block size, per-piece and combine costs (params.h)
+# The planner's block size, per-piece and combine costs, from the C++ that plans (csrc/common/params.h).
+BLOCK_ENTRIES, FIXED_COST, COMBINE_COST = torch.ops.dsv4._sparse_mla_decode_plan_costs()
 DEVICES = ["cpu"] + (["cuda"] if CUDA_TIERS else [])
 
 
