@@ -33,3 +33,13 @@ def test_each_header_compiles_alone(tier):
                "-x", "c++", *map(str, HEADERS)]
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-4000:]
+
+
+def test_every_op_is_exported_once_per_tier():
+    """Each op of the op list has exactly one DSV4_CPU_KERNEL line, in its family's translation unit (a missing one
+    would only show as an undefined symbol when _C loads)."""
+    op_list = (ROOT / "csrc" / "common" / "op_list.h").read_text()
+    ops = re.findall(r"^\s*X\((\w+),", op_list, re.MULTILINE)
+    exported = [name for source in sorted((ROOT / "csrc" / "cpu" / "kernels").rglob("*.cpp"))
+                for name in re.findall(r"^DSV4_CPU_KERNEL\((\w+),", source.read_text(), re.MULTILINE)]
+    assert sorted(exported) == sorted(ops)

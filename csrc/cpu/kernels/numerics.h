@@ -13,8 +13,8 @@
 #include "common/params.h"
 #include "cpu/kernel_table.h"
 
-// CMake names the tier (-DDSV4_ISA=<isa>) for every translation unit of a tier; a header opened on its own (an editor, a syntax
-// check) is read as the generic tier.
+// CMake names the tier (-DDSV4_ISA=<isa>) in every translation unit of a tier; a header opened on its own (an
+// editor, a syntax check) is read as the generic tier.
 #ifndef DSV4_ISA
 #define DSV4_ISA generic
 #endif
