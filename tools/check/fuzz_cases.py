@@ -1104,6 +1104,9 @@ FUZZERS = {
 NOT_FUZZED = {
     "cpu_isa": "tier query",
     "supported_cpu_isas": "tier query",
+    "cpu_isa_order": "tier query",
+    "_sparse_mla_decode_partitions": "planner constant (tests/ops/test_cuda.py checks plans against it)",
+    "_sparse_mla_decode_plan_costs": "planner constant (tests/ops/test_cuda.py checks plans against it)",
     "_set_cpu_isa": "tier switch (the fuzzer's own)",
     "sparse_mla_decode_schedule": "no reference: its plans go into sparse_mla_decode cases, which must not change",
 }
