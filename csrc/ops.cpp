@@ -56,12 +56,14 @@ STABLE_TORCH_LIBRARY(dsv4, m) {
   // ---- build and CPU-tier information ----
   m.def("cpu_isa() -> str");
   m.def("supported_cpu_isas() -> str");
+  m.def("cpu_isa_order() -> str");  // why supported_cpu_isas is in its order here
   m.def("_set_cpu_isa(str isa) -> str");
 }
 
 namespace {
 std::string cpu_isa() { return dsv4::cpu::kernels().isa_name; }
 std::string supported_cpu_isas() { return dsv4::cpu::supported_isas(); }
+std::string cpu_isa_order() { return dsv4::cpu::isa_order_reason(); }
 std::string set_cpu_isa(std::string isa) { return dsv4::cpu::set_isa(isa).isa_name; }
 int64_t decode_partitions(int64_t units, int64_t s_q, int64_t h_q) { return dsv4::decode_partitions(units, s_q, h_q); }
 std::vector<int64_t> decode_plan_costs() {
@@ -72,6 +74,7 @@ std::vector<int64_t> decode_plan_costs() {
 STABLE_TORCH_LIBRARY_IMPL(dsv4, CompositeExplicitAutograd, m) {
   m.impl("cpu_isa", TORCH_BOX(&cpu_isa));
   m.impl("supported_cpu_isas", TORCH_BOX(&supported_cpu_isas));
+  m.impl("cpu_isa_order", TORCH_BOX(&cpu_isa_order));
   m.impl("_set_cpu_isa", TORCH_BOX(&set_cpu_isa));
   m.impl("_sparse_mla_decode_partitions", TORCH_BOX(&decode_partitions));
   m.impl("_sparse_mla_decode_plan_costs", TORCH_BOX(&decode_plan_costs));

@@ -8,7 +8,7 @@ import torch
 import dsv4
 from dsv4.rope import rope_cos_sin_cache
 
-ALL_ISAS = ("amx", "avx512", "avx2", "generic")
+ALL_ISAS = dsv4.CPU_ISAS
 SUPPORTED_ISAS = tuple(torch.ops.dsv4.supported_cpu_isas().split(","))
 # With a GPU and dsv4._C_cuda, every tier-parametrized test also runs on CUDA: "cuda" (the best tier of the
 # device) and "cuda-portable" (the portable tier forced), on the same inputs, references and tolerances.

@@ -24,7 +24,7 @@ def test_version_and_build_info():
     assert info["version"] == dsv4.__version__
     assert info["torch"] == torch.__version__
     assert info["selected_cpu_isa"] in info["supported_cpu_isas"]
-    assert set(info["compiled_cpu_isas"]) == {"amx", "avx512", "avx2", "generic"}
+    assert set(info["compiled_cpu_isas"]) == {"amx", "avx512", "avx512dot", "avx2", "generic"}
     assert info["num_threads"] == torch.get_num_threads()
     assert info["cuda_kernels"] is dsv4.cuda_available()
     assert all(hasattr(torch.ops.dsv4, op) for op in info["reference_backed_cpu_ops"])
@@ -36,7 +36,7 @@ def test_auto_selects_best_supported_tier():
     assert result.stdout.strip() == SUPPORTED_ISAS[0]
 
 
-@pytest.mark.parametrize("isa", ["amx", "avx512", "avx2", "generic"])
+@pytest.mark.parametrize("isa", dsv4.CPU_ISAS)
 def test_env_forces_tier(isa):
     result = run_python("import dsv4; print(dsv4.cpu_isa())", DSV4_CPU_ISA=isa)
     if isa in SUPPORTED_ISAS:
@@ -53,7 +53,7 @@ def test_unknown_tier_is_a_clear_error():
 
 
 def test_unsupported_tier_is_a_clear_error():
-    missing = [isa for isa in ("amx", "avx512", "avx2") if isa not in SUPPORTED_ISAS]
+    missing = [isa for isa in dsv4.CPU_ISAS if isa not in SUPPORTED_ISAS]
     if not missing:
         pytest.skip("this CPU supports every tier")
     with pytest.raises(RuntimeError, match="does not support it"):

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/error.h"
 #include "cpu/isa_select.h"
@@ -21,6 +22,8 @@ namespace {
 #if defined(__x86_64__)
 struct CpuFeatures {
   bool avx2 = false, avx512 = false, amx = false;
+  bool amd = false;  // AuthenticAMD
+  unsigned family = 0;  // base + extended family (Zen 4: 25, Zen 5: 26)
 };
 
 uint64_t xgetbv0() {
@@ -37,7 +40,11 @@ bool request_amx_permission() {
 CpuFeatures detect() {
   CpuFeatures f;
   unsigned a, b, c, d;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return f;
+  f.amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "Auth" "enti" "cAMD"
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const unsigned base_family = (a >> 8) & 0xf;
+  f.family = base_family == 0xf ? base_family + ((a >> 20) & 0xff) : base_family;
   const bool osxsave = c & (1u << 27), fma = c & (1u << 12), f16c = c & (1u << 29);
   if (!osxsave) return f;
   const uint64_t xcr0 = xgetbv0();
@@ -67,13 +74,32 @@ Selection& selection() {
   return s;
 }
 
+#if defined(__x86_64__)
+const CpuFeatures& features() {
+  static const CpuFeatures f = detect();
+  return f;
+}
+
+// Whether vdpbf16ps issues at the FMA rate, so that bf16 dot products (avx512dot) beat widening to fp32 FMAs
+// (avx512): AMD Zen 4 and later (family 25+) yes; Intel issues it at a quarter of the FMA rate (Sapphire Rapids).
+bool bf16_dot_at_fma_rate() { return features().amd && features().family >= 25; }
+#endif
+
+// Tiers, best first on this CPU.
+std::vector<const char*> tier_order() {
+#if defined(__x86_64__)
+  if (bf16_dot_at_fma_rate()) return {"amx", "avx512dot", "avx512", "avx2", "generic"};
+#endif
+  return {"amx", "avx512", "avx512dot", "avx2", "generic"};
+}
+
 bool tier_supported(const std::string& name, bool* amx_ready) {
 #if defined(__x86_64__)
-  static const CpuFeatures f = detect();
+  const CpuFeatures& f = features();
   static const bool amx_ok = f.amx && request_amx_permission() && amx_selftest();
   *amx_ready = amx_ok;
   if (name == "amx") return amx_ok;
-  if (name == "avx512") return f.avx512;
+  if (name == "avx512" || name == "avx512dot") return f.avx512;
   if (name == "avx2") return f.avx2;
 #else
   *amx_ready = false;
@@ -84,6 +110,7 @@ bool tier_supported(const std::string& name, bool* amx_ready) {
 const CpuKernels* table_for(const std::string& name) {
   if (name == "amx") return &kernels_amx();
   if (name == "avx512") return &kernels_avx512();
+  if (name == "avx512dot") return &kernels_avx512dot();
   if (name == "avx2") return &kernels_avx2();
   if (name == "generic") return &kernels_generic();
   return nullptr;
@@ -94,7 +121,7 @@ const CpuKernels* table_for(const std::string& name) {
 std::string supported_isas() {
   std::string out;
   bool amx_ready = false;
-  for (const char* name : {"amx", "avx512", "avx2", "generic"}) {
+  for (const char* name : tier_order()) {
     if (tier_supported(name, &amx_ready)) out += out.empty() ? name : std::string(",") + name;
   }
   return out;
@@ -109,12 +136,23 @@ const CpuKernels& set_isa(const std::string& requested) {
     name = all.substr(0, all.find(','));
   }
   DSV4_REQUIRE(table_for(name) != nullptr, "dsv4: unknown CPU ISA '", requested,
-                  "'; expected one of amx, avx512, avx2, generic, auto");
+                  "'; expected one of amx, avx512, avx512dot, avx2, generic, auto");
   bool amx_ready = false;
   DSV4_REQUIRE(tier_supported(name, &amx_ready), "dsv4: CPU ISA '", name,
                   "' was requested but this CPU (or OS) does not support it; supported: ", supported_isas());
   s.table.store(table_for(name));
   return *s.table.load();
+}
+
+std::string isa_order_reason() {
+#if defined(__x86_64__)
+  const CpuFeatures& f = features();
+  const std::string cpu = std::string(f.amd ? "AMD" : "non-AMD") + " family " + std::to_string(f.family);
+  if (bf16_dot_at_fma_rate()) return cpu + ": vdpbf16ps at the FMA rate, so avx512dot (bf16 dot products) before avx512";
+  return cpu + ": avx512 (bf16 widened to fp32 FMAs) before avx512dot";
+#else
+  return "not x86-64: generic only";
+#endif
 }
 
 const CpuKernels& kernels() {

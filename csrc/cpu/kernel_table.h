@@ -6,13 +6,14 @@
 
 namespace dsv4::cpu {
 
-enum class Isa : int32_t { generic = 0, avx2 = 1, avx512 = 2, amx = 3 };
+enum class Isa : int32_t { generic = 0, avx2 = 1, avx512 = 2, amx = 3, avx512dot = 4 };
 
 using CpuKernels = KernelTable;
 
 const CpuKernels& kernels_generic();
 const CpuKernels& kernels_avx2();
 const CpuKernels& kernels_avx512();
+const CpuKernels& kernels_avx512dot();  // avx512 with bf16 dot products for attention (DSV4_BF16_DOT)
 const CpuKernels& kernels_amx();
 bool amx_selftest();  // runs one tile product; defined in the AMX tier
 // The decode split planner (common/decode_schedule.h), compiled once in a baseline translation unit: an inline

@@ -34,8 +34,12 @@ def cuda_available() -> bool:
     return _cuda_load_error is None
 
 
+# Every CPU tier _C carries; which run here, best first: torch.ops.dsv4.supported_cpu_isas().
+CPU_ISAS = ("amx", "avx512", "avx512dot", "avx2", "generic")
+
+
 def cpu_isa() -> str:
-    """The CPU tier that runs the kernels: amx, avx512, avx2 or generic."""
+    """The CPU tier that runs the kernels: one of CPU_ISAS."""
     return torch.ops.dsv4.cpu_isa()
 
 
@@ -44,8 +48,9 @@ def build_info() -> dict:
     return {
         "version": __version__,
         "torch": torch.__version__,
-        "compiled_cpu_isas": ["amx", "avx512", "avx2", "generic"],
+        "compiled_cpu_isas": list(CPU_ISAS),
         "supported_cpu_isas": torch.ops.dsv4.supported_cpu_isas().split(","),
+        "cpu_isa_order": torch.ops.dsv4.cpu_isa_order(),
         "selected_cpu_isa": cpu_isa(),
         "num_threads": torch.get_num_threads(),
         "cuda_kernels": cuda_available(),
@@ -55,4 +60,4 @@ def build_info() -> dict:
     }
 
 
-__all__ = ["__version__", "build_info", "cpu_isa", "cuda_available", "ops"]
+__all__ = ["CPU_ISAS", "__version__", "build_info", "cpu_isa", "cuda_available", "ops"]

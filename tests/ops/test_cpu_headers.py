@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADERS = sorted((ROOT / "csrc" / "cpu" / "kernels").rglob("*.h"))
-TIERS = ("generic", "avx2", "avx512", "amx")
+TIERS = ("generic", "avx2", "avx512", "avx512dot", "amx")
 
 
 def tier_flags(tier: str) -> list[str]:
@@ -29,8 +29,9 @@ def tier_flags(tier: str) -> list[str]:
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ on this machine")
 @pytest.mark.parametrize("tier", TIERS)
 def test_each_header_compiles_alone(tier):
-    command = ["g++", "-std=c++17", "-fsyntax-only", f"-I{ROOT / 'csrc'}", f"-DDSV4_ISA={tier}", *tier_flags(tier),
-               "-x", "c++", *map(str, HEADERS)]
+    defines = ["-DDSV4_BF16_DOT"] if tier == "avx512dot" else []  # CMakeLists.txt's DSV4_TIER_DEFS_avx512dot
+    command = ["g++", "-std=c++17", "-fsyntax-only", f"-I{ROOT / 'csrc'}", f"-DDSV4_ISA={tier}", *defines,
+               *tier_flags(tier), "-x", "c++", *map(str, HEADERS)]
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-4000:]
 

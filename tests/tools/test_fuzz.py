@@ -69,3 +69,9 @@ def test_planted_faults_fail_with_reproducers(tmp_path):
     again = run(script, "--op", "map_local_to_global_slots", "--tier", TIER, "--seed", seed)
     assert again.returncode == 1, again.stdout
     assert "elements differ" in again.stdout and "local_indices:" in again.stdout, again.stdout
+
+
+def test_fuzzer_knows_every_tier():
+    import dsv4
+
+    assert fuzz.ALL_TIERS == dsv4.CPU_ISAS

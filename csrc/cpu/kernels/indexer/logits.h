@@ -120,27 +120,42 @@ inline void score_keys_amx(const LogitsQuery& s, const KeyRun& run, float* out) 
 #endif
 
 #if defined(__AVX512BF16__)
-// vdpbf16ps: two keys at a time, 16 heads per accumulator, q pairs loaded once for both keys.
-inline void score_keys_avx512(const LogitsQuery& s, const KeyRun& run, float* out) {
-  alignas(64) float dots[2][kLogitsMaxHeads];
+constexpr int64_t kDotKeys = 4;  // keys per register block
+constexpr int64_t kDotHeadGroups = 4;  // 16-head groups per register block: 4 x 4 accumulators, 4 query vectors
+
+// dots[i][h] for kDotKeys keys from `keys` and kGroups head groups from group g: vdpbf16ps with a broadcast key pair
+// and 16 heads' query pairs, every query vector loaded once for all the keys.
+template <int kGroups>
+inline void dot_keys_block(const LogitsQuery& s, const uint32_t* keys, int64_t g, float (*dots)[kLogitsMaxHeads]) {
   const int64_t pairs = s.dim / 2;
-  for (int64_t k0 = 0; k0 < run.count; k0 += 2) {
-    const int64_t n = run.count - k0 < 2 ? run.count - k0 : 2;
-    const uint32_t* k0_pairs = reinterpret_cast<const uint32_t*>(run.keys + k0 * s.dim);
-    const uint32_t* k1_pairs = k0_pairs + pairs;  // a spare row when n == 1
-    for (int64_t h = 0; h < s.heads_padded; h += 16) {
-      __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-      __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
-      for (int64_t p = 0; p < pairs; p += 2) {  // two partial sums per key shorten the dependency chains
-        const __m512bh q0 = (__m512bh)_mm512_loadu_si512(&s.q_pairs[p][h]);
-        const __m512bh q1 = (__m512bh)_mm512_loadu_si512(&s.q_pairs[p + 1][h]);
-        a0 = _mm512_dpbf16_ps(a0, q0, (__m512bh)_mm512_set1_epi32(int(k0_pairs[p])));
-        a1 = _mm512_dpbf16_ps(a1, q1, (__m512bh)_mm512_set1_epi32(int(k0_pairs[p + 1])));
-        b0 = _mm512_dpbf16_ps(b0, q0, (__m512bh)_mm512_set1_epi32(int(k1_pairs[p])));
-        b1 = _mm512_dpbf16_ps(b1, q1, (__m512bh)_mm512_set1_epi32(int(k1_pairs[p + 1])));
-      }
-      _mm512_store_ps(&dots[0][h], _mm512_add_ps(a0, a1));
-      _mm512_store_ps(&dots[1][h], _mm512_add_ps(b0, b1));
+  __m512 acc[kDotKeys][kGroups];
+  for (auto& key : acc)
+    for (auto& v : key) v = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512bh q[kGroups];
+    for (int j = 0; j < kGroups; ++j) q[j] = (__m512bh)_mm512_load_si512(&s.q_pairs[p][(g + j) * 16]);
+    for (int64_t i = 0; i < kDotKeys; ++i) {
+      const __m512bh k = (__m512bh)_mm512_set1_epi32(int(keys[i * pairs + p]));
+      for (int j = 0; j < kGroups; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], q[j], k);
+    }
+  }
+  for (int64_t i = 0; i < kDotKeys; ++i)
+    for (int j = 0; j < kGroups; ++j) _mm512_store_ps(&dots[i][(g + j) * 16], acc[i][j]);
+}
+
+// kDotKeys keys at a time (rows past run.count are the buffer's spare rows), all heads, then the weighted sums.
+inline void score_keys_avx512(const LogitsQuery& s, const KeyRun& run, float* out) {
+  alignas(64) float dots[kDotKeys][kLogitsMaxHeads];
+  const int64_t groups = s.heads_padded / 16;
+  for (int64_t k0 = 0; k0 < run.count; k0 += kDotKeys) {
+    const int64_t n = run.count - k0 < kDotKeys ? run.count - k0 : kDotKeys;
+    const uint32_t* keys = reinterpret_cast<const uint32_t*>(run.keys + k0 * s.dim);
+    for (int64_t g = 0; g < groups; g += kDotHeadGroups) {
+      const int64_t width = groups - g < kDotHeadGroups ? groups - g : kDotHeadGroups;
+      if (width == 4) dot_keys_block<4>(s, keys, g, dots);
+      else if (width == 3) dot_keys_block<3>(s, keys, g, dots);
+      else if (width == 2) dot_keys_block<2>(s, keys, g, dots);
+      else dot_keys_block<1>(s, keys, g, dots);
     }
     for (int64_t i = 0; i < n; ++i) out[k0 + i] = weighted_relu_sum(dots[i], s) * run.scales[k0 + i];
   }

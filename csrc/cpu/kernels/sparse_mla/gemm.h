@@ -16,9 +16,15 @@
 
 namespace dsv4::cpu::DSV4_ISA {
 
-#if defined(__AVX512BF16__) && !defined(__AMX_BF16__)
-// vdpbf16ps issues at a quarter of vfmadd231ps's rate (Sapphire Rapids), so this tier widens bf16 to fp32
-// (exactly) and multiplies with fp32 FMAs: twice the products per cycle.
+// The avx512 tier's route (docs/design/cpu.md, "Which tier runs"): where vdpbf16ps issues at a quarter of
+// vfmadd231ps's rate (Intel), it widens bf16 to fp32 (exactly) and multiplies with fp32 FMAs, twice the products
+// per cycle; the avx512dot tier (DSV4_BF16_DOT, for CPUs where vdpbf16ps runs at the FMA rate: AMD Zen 4/5) keeps
+// bf16 pairs and multiplies with vdpbf16ps, twice the products of an FMA.
+#if defined(__AVX512BF16__) && !defined(__AMX_BF16__) && !defined(DSV4_BF16_DOT)
+#define DSV4_F32_PRODUCTS 1
+#endif
+
+#if defined(DSV4_F32_PRODUCTS)
 using QueryElement = float;
 using ProbElement = float;
 #else
@@ -56,7 +62,7 @@ inline void pack_query(const uint16_t* q, int64_t q_stride_h, int64_t heads, int
         r[i] = h < heads ? _mm512_loadu_si512(q + h * q_stride_h + k * kDimBlock) : _mm512_setzero_si512();
       }
       transpose_16x16_epi32(r);  // r[pair]: the 16 heads' dims 2 pair, 2 pair + 1
-#if defined(__AMX_BF16__)
+#if !defined(DSV4_F32_PRODUCTS)
       uint16_t* tile = qpack + query_tile(d_qk, g, k);
       for (int64_t i = 0; i < kHeadBlock; ++i) _mm512_storeu_si512(tile + i * kDimBlock, r[i]);
 #else
@@ -155,7 +161,7 @@ inline void accumulate_values(const uint16_t* probs, int64_t rows, const uint16_
   }
 }
 
-#elif defined(__AVX512BF16__)
+#elif defined(DSV4_F32_PRODUCTS)
 constexpr int64_t kScoreRows = 8;  // key rows per register block of the scores product
 constexpr int64_t kScoreGroups = 3;  // head groups per block: 8 x 3 accumulators + 3 query vectors fit 32 registers
 constexpr int64_t kValueHeads = 12;  // heads per register block of the P.V product, times 2 dim vectors
@@ -237,6 +243,84 @@ inline void accumulate_values(const float* probs, int64_t rows, const uint16_t* 
         values_block<kValueHeads>(probs + e0 * hp + h, hp, chunk, wide, acc + h * kValueDim + d);
       if (hp - h == 8) values_block<8>(probs + e0 * hp + h, hp, chunk, wide, acc + h * kValueDim + d);
       else if (hp - h == 4) values_block<4>(probs + e0 * hp + h, hp, chunk, wide, acc + h * kValueDim + d);
+    }
+}
+
+#elif defined(__AVX512BF16__)
+// vdpbf16ps on bf16 pairs: lane i of acc += a.even * b.even + a.odd * b.odd, with a one broadcast pair.
+constexpr int64_t kDotRows = 8;  // key rows per register block of the scores product
+constexpr int64_t kDotGroups = 3;  // head groups per block: 8 x 3 accumulators + 3 query vectors
+constexpr int64_t kDotHeads = 6;  // heads per register block of the P.V product, times kDotVectors dim vectors
+constexpr int64_t kDotVectors = 4;  // 64 dims of V per block
+constexpr int64_t kDotChunk = 128;  // rows of V per pass: 128 x 64 dims of pairs (16 KiB) stay in L1 across heads
+
+inline __m512bh broadcast_pair(const uint16_t* p) { return (__m512bh)_mm512_set1_epi32(load_pair(p)); }
+
+// S^T for kDotRows key rows (bf16, row stride d_qk) and kGroups head groups of the packed query from group g.
+template <int kGroups>
+inline void dot_scores_block(const uint16_t* keys, int64_t d_qk, const uint16_t* qpack, int64_t g, float* out,
+                             int64_t hp) {
+  __m512 acc[kDotRows][kGroups];
+  for (auto& row : acc)
+    for (auto& v : row) v = _mm512_setzero_ps();
+  for (int64_t k = 0; k < d_qk / kDimBlock; ++k)
+    for (int64_t pair = 0; pair < kDimBlock / 2; ++pair) {
+      __m512bh b[kGroups];
+      for (int j = 0; j < kGroups; ++j)
+        b[j] = (__m512bh)_mm512_loadu_si512(qpack + query_tile(d_qk, g + j, k) + pair * kDimBlock);
+      const int64_t dim = k * kDimBlock + 2 * pair;
+      for (int64_t r = 0; r < kDotRows; ++r) {
+        const __m512bh a = broadcast_pair(keys + r * d_qk + dim);
+        for (int j = 0; j < kGroups; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], a, b[j]);
+      }
+    }
+  for (int64_t r = 0; r < kDotRows; ++r)
+    for (int j = 0; j < kGroups; ++j) _mm512_storeu_ps(out + r * hp + (g + j) * kHeadBlock, acc[r][j]);
+}
+
+inline void attention_scores(const uint16_t* keys, int64_t d_qk, int64_t rows, const uint16_t* qpack, int64_t hp,
+                             float* out) {
+  const int64_t groups = hp / kHeadBlock, blocks = (groups + kDotGroups - 1) / kDotGroups;
+  for (int64_t i = 0; i < rows; i += kDotRows)
+    for (int64_t b = 0; b < blocks; ++b) {  // blocks of even width, as in the fp32 route
+      const int64_t g = groups * b / blocks, width = groups * (b + 1) / blocks - g;
+      const uint16_t* key = keys + i * d_qk;
+      if (width == 3) dot_scores_block<3>(key, d_qk, qpack, g, out + i * hp, hp);
+      else if (width == 2) dot_scores_block<2>(key, d_qk, qpack, g, out + i * hp, hp);
+      else dot_scores_block<1>(key, d_qk, qpack, g, out + i * hp, hp);
+    }
+}
+
+// acc[h][0, 64) += sum_e P[h][e] V[e][0, 64) for kHeads heads (P rows `rows` apart) over the row pairs
+// [e0 / 2, e1 / 2) of the values layout, at dim offset d.
+template <int kHeads>
+inline void dot_values_block(const uint16_t* probs, int64_t rows, const uint16_t* values, int64_t e0, int64_t e1,
+                             float* acc) {
+  __m512 c[kHeads][kDotVectors];
+  for (int64_t h = 0; h < kHeads; ++h)
+    for (int64_t j = 0; j < kDotVectors; ++j) c[h][j] = _mm512_loadu_ps(acc + h * kValueDim + 16 * j);
+  for (int64_t e = e0; e < e1; e += 2) {
+    __m512bh v[kDotVectors];
+    for (int64_t j = 0; j < kDotVectors; ++j)
+      v[j] = (__m512bh)_mm512_loadu_si512(values + (e / 2) * kValuePairStride + 32 * j);
+    for (int64_t h = 0; h < kHeads; ++h) {
+      const __m512bh p = broadcast_pair(probs + h * rows + e);
+      for (int64_t j = 0; j < kDotVectors; ++j) c[h][j] = _mm512_dpbf16_ps(c[h][j], p, v[j]);
+    }
+  }
+  for (int64_t h = 0; h < kHeads; ++h)
+    for (int64_t j = 0; j < kDotVectors; ++j) _mm512_storeu_ps(acc + h * kValueDim + 16 * j, c[h][j]);
+}
+
+inline void accumulate_values(const uint16_t* probs, int64_t rows, const uint16_t* values, int64_t hp, float* acc) {
+  for (int64_t d = 0; d < kValueDim; d += 16 * kDotVectors)
+    for (int64_t e0 = 0; e0 < rows; e0 += kDotChunk) {
+      const int64_t e1 = rows - e0 < kDotChunk ? rows : e0 + kDotChunk;
+      int64_t h = 0;  // hp is a multiple of 16: blocks of 6 leave 0, 2 or 4 heads
+      for (; h + kDotHeads <= hp; h += kDotHeads)
+        dot_values_block<kDotHeads>(probs + h * rows, rows, values + 2 * d, e0, e1, acc + h * kValueDim + d);
+      if (hp - h == 4) dot_values_block<4>(probs + h * rows, rows, values + 2 * d, e0, e1, acc + h * kValueDim + d);
+      else if (hp - h == 2) dot_values_block<2>(probs + h * rows, rows, values + 2 * d, e0, e1, acc + h * kValueDim + d);
     }
 }
 

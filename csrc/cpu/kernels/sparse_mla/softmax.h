@@ -66,7 +66,7 @@ inline void softmax_step(float* scores, int64_t n, int64_t rows, int64_t hp, flo
     }
     const __m512 m = _mm512_loadu_ps(s.max + g);
     __m512 sum = _mm512_loadu_ps(s.sum + g);
-#if defined(__AMX_BF16__)
+#if !defined(DSV4_F32_PRODUCTS)
     static const InterleaveIndex index;
     for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
       __m512i pairs[kRowBlock / 2];
