@@ -17,7 +17,9 @@ namespace dsv4::cpu::DSV4_ISA {
 constexpr int64_t kStageRows = 128;  // rows staged as keys per scores product (a multiple of kRowBlock)
 constexpr int64_t kValueRows = 512;  // rows per softmax and P.V product (a multiple of kStageRows): fewer passes
                                      // of the fp32 accumulator through the cache
-constexpr int64_t kMinSplitColumns = 64;  // a split of fewer columns costs more to merge than it saves
+// A split of less work (columns x padded heads: 128 columns at 64 heads) costs about as much to start and merge as
+// it saves (1 against 2 threads at batch 1, docs/perf.md "CPU: AMD EPYC").
+constexpr int64_t kMinSplitWork = 128 * 64;
 constexpr int64_t kQueriesPerThreadUnsplit = 4;  // from this many queries per thread on, whole queries balance well
 constexpr int64_t kBufferAlign = 64;
 constexpr int64_t kPrefetchRows = 8;  // rows fetched ahead of staging: about one DRAM latency of staging work
@@ -71,7 +73,7 @@ inline AttentionBuffers thread_buffers(int64_t max_rows) {
           reinterpret_cast<AttendedRow*>(region[6])};
 }
 
-inline int64_t split_count(int64_t queries, int64_t columns, int64_t threads) {
+inline int64_t split_count(int64_t queries, int64_t columns, int64_t hp, int64_t threads) {
   if (threads <= 1 || queries >= kQueriesPerThreadUnsplit * threads) return 1;
   int64_t gcd = queries, rest = threads;
   while (rest) {
@@ -79,7 +81,7 @@ inline int64_t split_count(int64_t queries, int64_t columns, int64_t threads) {
     gcd = rest, rest = r;
   }
   const int64_t balanced = threads / gcd;  // queries * balanced items spread evenly over the threads
-  int64_t most = columns / kMinSplitColumns;
+  int64_t most = columns * hp / kMinSplitWork;
   most = most < kMaxParts ? most : kMaxParts;
   return most < 1 ? 1 : (balanced < most ? balanced : most);
 }
@@ -103,6 +105,8 @@ inline void attend_columns(const Problem& pb, int64_t t, int64_t c0, int64_t c1,
         uint16_t* key = b.keys + i * pb.d_qk;
         if (r < count) {
           if (r + kPrefetchRows < count) prefetch_row(pb.format, b.rows[r + kPrefetchRows], pb.d_qk);
+          // The next stage's row into L2, so that it arrives while this stage's products run.
+          if (r + kStageRows < count) prefetch_row<2>(pb.format, b.rows[r + kStageRows], pb.d_qk);
           stage_row(pb.format, b.rows[r], pb.d_qk, key);
         } else {
           std::memset(key, 0, pb.d_qk * sizeof(uint16_t));
@@ -121,7 +125,7 @@ inline void attend_columns(const Problem& pb, int64_t t, int64_t c0, int64_t c1,
 template <class Problem>
 inline void run_sparse_attention(const Problem& pb) {
   const int64_t hp = round_up(pb.heads, kHeadBlock), state_floats = softmax_state_floats(hp);
-  const int64_t splits = split_count(pb.queries, pb.max_columns, pb.threads);
+  const int64_t splits = split_count(pb.queries, pb.max_columns, hp, pb.threads);
   // Split queries: every part's state, and per query a count of finished parts; the last part to finish
   // combines them, so one parallel region does all the work.
   static thread_local ScratchBuffer partial_states;

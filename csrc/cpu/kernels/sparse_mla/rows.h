@@ -29,19 +29,21 @@ inline bool cache_row(const PagedCache& cache, int64_t slot, AttendedRow* row) {
 
 constexpr int64_t kCacheLine = 64;
 
-// Starts loading a row's bytes into the cache: rows sit at random places, so the hardware cannot guess them.
+// Starts loading a row's bytes into the cache (kLocality 3: L1, 2: L2): rows sit at random places, so the hardware
+// cannot guess them.
+template <int kLocality = 3>
 inline void prefetch_row(RowFormat format, const AttendedRow& row, int64_t d_qk) {
   const uint8_t* start = row.page;
   int64_t bytes = d_qk * int64_t(sizeof(uint16_t));
   if (format == RowFormat::model1) {
     start += row.offset * kModel1DataBytes;
     bytes = kModel1DataBytes;
-    __builtin_prefetch(row.page + row.block_size * kModel1DataBytes + row.offset * kModel1ScaleBytes);
+    __builtin_prefetch(row.page + row.block_size * kModel1DataBytes + row.offset * kModel1ScaleBytes, 0, kLocality);
   } else if (format == RowFormat::v32) {
     start += row.offset * kV32BytesPerEntry;
     bytes = kV32BytesPerEntry;
   }
-  for (int64_t b = 0; b < bytes; b += kCacheLine) __builtin_prefetch(start + b);
+  for (int64_t b = 0; b < bytes; b += kCacheLine) __builtin_prefetch(start + b, 0, kLocality);
 }
 
 inline void stage_row_scalar(RowFormat format, const AttendedRow& row, int64_t d_qk, uint16_t* dst) {
