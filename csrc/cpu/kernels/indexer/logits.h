@@ -6,6 +6,8 @@
 // fp8 values are exact in bf16 and every product is exact in fp32; only the fp32 summation order differs
 // from the reference.
 #pragma once
+#include <memory>
+
 #include "cpu/kernels/numerics.h"
 #include "cpu/kernels/amx_tiles.h"
 
@@ -17,6 +19,8 @@ constexpr int64_t kLogitsKeyBlock = 16;  // keys per AMX tile; decoded key buffe
 constexpr int64_t kLogitsTaskKeys = 512;  // keys per parallel task: long rows spread over all threads
 constexpr int64_t kDotLanes = 8;  // head dims are multiples of 32
 constexpr int64_t kLogitsRowBlock = 16;  // ragged rows sharing one decoded key run
+constexpr int64_t kLogitsParts = 64;  // equal-cost ranges of ragged tasks, dealt to the threads in order
+constexpr int64_t kLogitsTaskCost = 256;  // a ragged task's fixed cost in row-key pairs (query set-up, key decode)
 
 // ---- e4m3 -> bf16 bits (exact) ----
 
@@ -282,8 +286,29 @@ inline void fp8_paged_mqa_logits(const PagedMqaLogitsParams& p) {
 inline void fp8_mqa_logits(const MqaLogitsParams& p) {
   // Tasks: (block of kLogitsRowBlock rows, run of kLogitsTaskKeys keys): the run is decoded once for the block.
   const int64_t runs = p.num_keys > 0 ? (p.num_keys + kLogitsTaskKeys - 1) / kLogitsTaskKeys : 1;
-  const int64_t row_blocks = (p.rows + kLogitsRowBlock - 1) / kLogitsRowBlock;
-  parallel(row_blocks * runs, 1, [&](int64_t begin, int64_t end) {
+  const int64_t row_blocks = (p.rows + kLogitsRowBlock - 1) / kLogitsRowBlock, tasks = row_blocks * runs;
+  // Task costs (row-key pairs, plus a fixed part), so that the threads get equal work where later rows see more
+  // keys (causal prefill) instead of equal task counts.
+  std::unique_ptr<int64_t[]> prefix(new int64_t[tasks + 1]);
+  prefix[0] = 0;
+  for (int64_t task = 0; task < tasks; ++task) {
+    const int64_t block = task / runs, c0 = (task % runs) * kLogitsTaskKeys;
+    const int64_t c1 = c0 + kLogitsTaskKeys < p.num_keys ? c0 + kLogitsTaskKeys : p.num_keys;
+    const int64_t r1 = (block + 1) * kLogitsRowBlock < p.rows ? (block + 1) * kLogitsRowBlock : p.rows;
+    int64_t cost = kLogitsTaskCost;
+    for (int64_t row = block * kLogitsRowBlock; row < r1; ++row) {
+      const int64_t ks = index_at(p.ks, row) > c0 ? index_at(p.ks, row) : c0;
+      const int64_t ke = index_at(p.ke, row) < c1 ? index_at(p.ke, row) : c1;
+      cost += ke > ks ? ke - ks : 0;
+    }
+    prefix[task + 1] = prefix[task] + cost;
+  }
+  const auto task_at = [&](int64_t part) {  // first task of part `part` of kLogitsParts equal-cost parts
+    const int64_t goal = part >= kLogitsParts ? prefix[tasks] + 1 : prefix[tasks] * part / kLogitsParts;
+    return int64_t(std::lower_bound(prefix.get(), prefix.get() + tasks, goal) - prefix.get());
+  };
+  parallel(kLogitsParts, 1, [&](int64_t part_begin, int64_t part_end) {
+    const int64_t begin = task_at(part_begin), end = task_at(part_end);
     LogitsQuery* queries = new LogitsQuery[kLogitsRowBlock];
     bool prepared[kLogitsRowBlock] = {};
     int64_t prepared_block = -1;
