@@ -275,6 +275,18 @@ inline void rope_rotate(float* x, const RopeTable& rope, int64_t pos, float sign
 // Rows of ~512 values per parallel chunk at least: waking a second thread costs more than a few rows.
 constexpr int64_t kGrainRows = 64;
 
+// Starts loading the cache line at p (kLocality 3: into L1, 2: into L2). An asm statement, not __builtin_prefetch:
+// gcc 12 drops the builtin where it inlines a call whose addresses it can work out (it sees no effect).
+template <int kLocality = 3>
+inline void prefetch_line(const void* p) {
+#if defined(__x86_64__)
+  if (kLocality >= 3) asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
+  else asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
+#else
+  __builtin_prefetch(p, 0, kLocality);
+#endif
+}
+
 // Run f(begin, end) over [0, n) on torch's intra-op pool; ranges of at most grain items run inline.
 template <class F>
 inline void parallel(int64_t n, int64_t grain, const F& f) {

@@ -38,12 +38,12 @@ inline void prefetch_row(RowFormat format, const AttendedRow& row, int64_t d_qk)
   if (format == RowFormat::model1) {
     start += row.offset * kModel1DataBytes;
     bytes = kModel1DataBytes;
-    __builtin_prefetch(row.page + row.block_size * kModel1DataBytes + row.offset * kModel1ScaleBytes, 0, kLocality);
+    prefetch_line<kLocality>(row.page + row.block_size * kModel1DataBytes + row.offset * kModel1ScaleBytes);
   } else if (format == RowFormat::v32) {
     start += row.offset * kV32BytesPerEntry;
     bytes = kV32BytesPerEntry;
   }
-  for (int64_t b = 0; b < bytes; b += kCacheLine) __builtin_prefetch(start + b, 0, kLocality);
+  for (int64_t b = 0; b < bytes; b += kCacheLine) prefetch_line<kLocality>(start + b);
 }
 
 inline void stage_row_scalar(RowFormat format, const AttendedRow& row, int64_t d_qk, uint16_t* dst) {
