@@ -105,15 +105,20 @@ inline void attend_columns(const Problem& pb, int64_t t, int64_t c0, int64_t c1,
         uint16_t* key = b.keys + i * pb.d_qk;
         if (r < count) {
           if (r + kPrefetchRows < count) prefetch_row(pb.format, b.rows[r + kPrefetchRows], pb.d_qk);
-          // The next stage's row into L2, so that it arrives while this stage's products run.
-          if (r + kStageRows < count) prefetch_row<2>(pb.format, b.rows[r + kStageRows], pb.d_qk);
           stage_row(pb.format, b.rows[r], pb.d_qk, key);
         } else {
           std::memset(key, 0, pb.d_qk * sizeof(uint16_t));
         }
         if (i % 2) interleave_value_pair(key - pb.d_qk, key, b.values + ((k0 + i) / 2) * kValuePairStride);
       }
-      attention_scores(b.keys, pb.d_qk, stage, b.qpack, hp, b.scores + k0 * hp);
+      // The products a row block at a time, each followed by a row block of the next stage fetched into L2: the
+      // fetches spread over the products instead of queueing up behind each other.
+      for (int64_t i = 0; i < stage; i += kRowBlock) {
+        attention_scores(b.keys + i * pb.d_qk, pb.d_qk, kRowBlock, b.qpack, hp, b.scores + (k0 + i) * hp);
+        for (int64_t next = v0 + k0 + kStageRows + i; next < v0 + k0 + kStageRows + i + kRowBlock && next < count;
+             ++next)
+          prefetch_row<2>(pb.format, b.rows[next], pb.d_qk);
+      }
     }
     softmax_step(b.scores, n, rows, hp, pb.scale, s, b.probs);
     accumulate_values(b.probs, rows, b.values, hp, s.acc);
