@@ -38,7 +38,7 @@ class Result:
     gflops: float | None
     reference_us: float | None
     peer_us: float | None
-    ceiling_gflops: float | None = None  # the same run's bf16 matmul rate
+    ceiling_gflops: float | None = None  # the same run's bf16 matmul rate (run() sets it)
 
     @property
     def of_ceiling(self) -> float | None:
@@ -106,7 +106,7 @@ def bf16_ceiling_gflops() -> float:
     return 2 * CEILING_SIZE**3 / median_us(lambda: torch.matmul(a, b)) / 1e3
 
 
-def measure(cases: list[Case], with_reference: bool = True, ceiling_gflops: float | None = None) -> list[Result]:
+def measure(cases: list[Case], with_reference: bool = True) -> list[Result]:
     peer, _ = load_peer_reason()
     results = []
     for case in cases:
@@ -114,8 +114,7 @@ def measure(cases: list[Case], with_reference: bool = True, ceiling_gflops: floa
         theirs = median_us(lambda case=case: case.run(peer)) if peer is not None and case.on_peer else None
         reference = median_us(case.reference) if with_reference and case.reference is not None else None
         gflops = case.flops / ours / 1e3 if case.flops else None
-        results.append(Result(case.op, case.shape, ours, case.bytes_moved / ours / 1e3, gflops, reference, theirs,
-                              ceiling_gflops))
+        results.append(Result(case.op, case.shape, ours, case.bytes_moved / ours / 1e3, gflops, reference, theirs))
     return results
 
 
@@ -170,9 +169,14 @@ def run(groups: list[str], quick: bool = False, with_reference: bool = True) -> 
     import importlib
 
     torch.manual_seed(0)
-    ceiling = bf16_ceiling_gflops()
-    results = []
+    results, ceilings = [], []
     for group in groups:
         module = importlib.import_module(f"{__name__}.{group}")
-        results += measure(module.cases(quick), with_reference, ceiling)
+        ceilings.append(bf16_ceiling_gflops())
+        results += measure(module.cases(quick), with_reference)
+    ceilings.append(bf16_ceiling_gflops())
+    # The ceiling is measured before every group and at the end (shared machines drift): the median of those.
+    ceiling = statistics.median(ceilings)
+    for r in results:
+        r.ceiling_gflops = ceiling
     return hardware(ceiling), results
