@@ -208,15 +208,21 @@ inline int64_t gather_paged_keys(const PagedCache& cache, const IndexView& table
                                  int64_t dim, int64_t t0, int64_t t1, KeyBuffer& keys, float* scales,
                                  int64_t* positions) {
   int64_t count = 0;
-  for (int64_t t = t0; t < t1; ++t) {
-    const int64_t page_index = t / cache.block_size;
+  // Page by page: one table read and no division per key.
+  for (int64_t page_index = t0 / cache.block_size, start = t0; start < t1; ++page_index) {
+    const int64_t page_start = page_index * cache.block_size;
+    const int64_t end = page_start + cache.block_size < t1 ? page_start + cache.block_size : t1;
     const int64_t block = page_index < max_blocks ? index_at(table, request, page_index) : -1;
-    if (block < 0 || block >= cache.num_blocks) continue;
-    const uint8_t* page = cache.base + block * cache.block_stride;
-    const int64_t off = t % cache.block_size;
-    decode_e4m3_row_bf16(page + off * dim, dim, keys.rows + count * dim);
-    std::memcpy(&scales[count], page + cache.block_size * dim + 4 * off, 4);
-    positions[count++] = t;
+    if (block >= 0 && block < cache.num_blocks) {
+      const uint8_t* page = cache.base + block * cache.block_stride;
+      for (int64_t t = start; t < end; ++t) {
+        const int64_t off = t - page_start;
+        decode_e4m3_row_bf16(page + off * dim, dim, keys.rows + count * dim);
+        std::memcpy(&scales[count], page + cache.block_size * dim + 4 * off, 4);
+        positions[count++] = t;
+      }
+    }
+    start = end;
   }
   return count;
 }
