@@ -275,6 +275,29 @@ inline void rope_rotate(float* x, const RopeTable& rope, int64_t pos, float sign
 // Rows of ~512 values per parallel chunk at least: waking a second thread costs more than a few rows.
 constexpr int64_t kGrainRows = 64;
 
+constexpr int64_t kBufferAlign = 64;
+
+// A grow-only, 64-byte aligned byte buffer: a thread's scratch, kept across calls (an allocation per call costs
+// page faults and, zeroed, a memset of the whole buffer).
+struct ScratchBuffer {
+  uint8_t* memory = nullptr;
+  int64_t capacity = 0;
+  ScratchBuffer() = default;
+  ScratchBuffer(const ScratchBuffer&) = delete;
+  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
+  ~ScratchBuffer() { delete[] memory; }
+  // At least `bytes` bytes; a buffer that grows is zero-filled when `zero` is set (what it held before is not).
+  uint8_t* reserve(int64_t bytes, bool zero = false) {
+    if (bytes > capacity) {
+      delete[] memory;
+      memory = zero ? new uint8_t[bytes + kBufferAlign]() : new uint8_t[bytes + kBufferAlign];
+      capacity = bytes;
+    }
+    const uintptr_t address = reinterpret_cast<uintptr_t>(memory);
+    return memory + (kBufferAlign - address % kBufferAlign) % kBufferAlign;
+  }
+};
+
 // Starts loading the cache line at p (kLocality 3: into L1, 2: into L2). An asm statement, not __builtin_prefetch:
 // gcc 12 drops the builtin where it inlines a call whose addresses it can work out (it sees no effect).
 template <int kLocality = 3>

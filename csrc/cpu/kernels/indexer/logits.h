@@ -81,13 +81,16 @@ struct KeyRun {
   int64_t count;
 };
 
-// A thread's scratch: decoded keys of the current task, with spare zero rows for the last tile.
+// A thread's scratch: decoded keys of the current task, with spare rows for the last tile (zero at first, then
+// whatever an earlier task left: their products are never used). One per thread at a time: the rows live in the
+// thread's buffer, kept across calls.
 struct KeyBuffer {
   uint16_t* rows;
-  explicit KeyBuffer(int64_t dim) : rows(new uint16_t[(kLogitsTaskKeys + kLogitsKeyBlock) * dim]()) {}
-  ~KeyBuffer() { delete[] rows; }
-  KeyBuffer(const KeyBuffer&) = delete;
-  KeyBuffer& operator=(const KeyBuffer&) = delete;
+  explicit KeyBuffer(int64_t dim) {
+    static thread_local ScratchBuffer scratch;
+    rows = reinterpret_cast<uint16_t*>(
+        scratch.reserve((kLogitsTaskKeys + kLogitsKeyBlock) * dim * int64_t(sizeof(uint16_t)), true));
+  }
 };
 
 #if defined(__AVX512BF16__)

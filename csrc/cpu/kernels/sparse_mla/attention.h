@@ -21,29 +21,9 @@ constexpr int64_t kValueRows = 512;  // rows per softmax and P.V product (a mult
 // it saves (1 against 2 threads at batch 1, docs/perf.md "CPU: AMD EPYC").
 constexpr int64_t kMinSplitWork = 128 * 64;
 constexpr int64_t kQueriesPerThreadUnsplit = 4;  // from this many queries per thread on, whole queries balance well
-constexpr int64_t kBufferAlign = 64;
 constexpr int64_t kPrefetchRows = 8;  // rows fetched ahead of staging: about one DRAM latency of staging work
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-// A grow-only, 64-byte aligned byte buffer.
-struct ScratchBuffer {
-  uint8_t* memory = nullptr;
-  int64_t capacity = 0;
-  ScratchBuffer() = default;
-  ScratchBuffer(const ScratchBuffer&) = delete;
-  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
-  ~ScratchBuffer() { delete[] memory; }
-  uint8_t* reserve(int64_t bytes) {
-    if (bytes > capacity) {
-      delete[] memory;
-      memory = new uint8_t[bytes + kBufferAlign];
-      capacity = bytes;
-    }
-    const uintptr_t address = reinterpret_cast<uintptr_t>(memory);
-    return memory + (kBufferAlign - address % kBufferAlign) % kBufferAlign;
-  }
-};
 
 // One thread's buffers for one query (sized for 128 heads, d_qk 576) and its list of attended rows.
 struct AttentionBuffers {
