@@ -66,8 +66,18 @@ CpuFeatures detect() {
 struct Selection {
   std::mutex mu;
   std::atomic<const CpuKernels*> table{nullptr};
-  std::string supported;  // tiers this CPU can run, best first
 };
+
+// Every compiled tier by name (tier_order below says which comes first on this CPU).
+struct Tier {
+  const char* name;
+  const CpuKernels& (*kernels)();
+};
+constexpr Tier kTiers[] = {{"amx", kernels_amx},
+                           {"avx512", kernels_avx512},
+                           {"avx512dot", kernels_avx512dot},
+                           {"avx2", kernels_avx2},
+                           {"generic", kernels_generic}};
 
 Selection& selection() {
   static Selection s;
@@ -108,12 +118,15 @@ bool tier_supported(const std::string& name, bool* amx_ready) {
 }
 
 const CpuKernels* table_for(const std::string& name) {
-  if (name == "amx") return &kernels_amx();
-  if (name == "avx512") return &kernels_avx512();
-  if (name == "avx512dot") return &kernels_avx512dot();
-  if (name == "avx2") return &kernels_avx2();
-  if (name == "generic") return &kernels_generic();
+  for (const Tier& tier : kTiers)
+    if (name == tier.name) return &tier.kernels();
   return nullptr;
+}
+
+std::string tier_names() {
+  std::string out;
+  for (const Tier& tier : kTiers) out += std::string(tier.name) + ", ";
+  return out;
 }
 
 }  // namespace
@@ -135,8 +148,8 @@ const CpuKernels& set_isa(const std::string& requested) {
     const std::string all = supported_isas();
     name = all.substr(0, all.find(','));
   }
-  DSV4_REQUIRE(table_for(name) != nullptr, "dsv4: unknown CPU ISA '", requested,
-                  "'; expected one of amx, avx512, avx512dot, avx2, generic, auto");
+  DSV4_REQUIRE(table_for(name) != nullptr, "dsv4: unknown CPU ISA '", requested, "'; expected one of ", tier_names(),
+               "auto");
   bool amx_ready = false;
   DSV4_REQUIRE(tier_supported(name, &amx_ready), "dsv4: CPU ISA '", name,
                   "' was requested but this CPU (or OS) does not support it; supported: ", supported_isas());

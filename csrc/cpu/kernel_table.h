@@ -6,8 +6,6 @@
 
 namespace dsv4::cpu {
 
-enum class Isa : int32_t { generic = 0, avx2 = 1, avx512 = 2, amx = 3, avx512dot = 4 };
-
 using CpuKernels = KernelTable;
 
 const CpuKernels& kernels_generic();

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+import dsv4
+
 ROOT = Path(__file__).resolve().parents[2]
 HEADERS = sorted((ROOT / "csrc" / "cpu" / "kernels").rglob("*.h"))
-TIERS = ("generic", "avx2", "avx512", "avx512dot", "amx")
+TIERS = dsv4.CPU_ISAS
 
 
 def tier_flags(tier: str) -> list[str]:
@@ -26,11 +28,16 @@ def tier_flags(tier: str) -> list[str]:
     return flags
 
 
+def tier_defines(tier: str) -> list[str]:
+    """The extra definitions CMakeLists.txt gives the tier (DSV4_TIER_DEFS_<tier>), as -D flags."""
+    found = re.search(rf'set\(DSV4_TIER_DEFS_{tier} ([^)]*)\)', (ROOT / "CMakeLists.txt").read_text())
+    return [f"-D{name}" for name in found.group(1).split()] if found else []
+
+
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ on this machine")
 @pytest.mark.parametrize("tier", TIERS)
 def test_each_header_compiles_alone(tier):
-    defines = ["-DDSV4_BF16_DOT"] if tier == "avx512dot" else []  # CMakeLists.txt's DSV4_TIER_DEFS_avx512dot
-    command = ["g++", "-std=c++17", "-fsyntax-only", f"-I{ROOT / 'csrc'}", f"-DDSV4_ISA={tier}", *defines,
+    command = ["g++", "-std=c++17", "-fsyntax-only", f"-I{ROOT / 'csrc'}", f"-DDSV4_ISA={tier}", *tier_defines(tier),
                *tier_flags(tier), "-x", "c++", *map(str, HEADERS)]
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-4000:]

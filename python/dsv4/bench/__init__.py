@@ -19,6 +19,7 @@ import torch.utils.benchmark as benchmark
 
 import dsv4
 
+from .. import cache
 from ..compat import vllm_cpu
 from ..compat.vllm_peer import load_peer_reason
 from ..rope import rope_cos_sin_cache
@@ -88,8 +89,6 @@ class Tokens:
 
 
 def token_batch(quick: bool) -> Tokens:
-    from .. import cache
-
     count = 64 if quick else 256
     num_blocks = count // BLOCK + 2
     return Tokens(count, torch.arange(count), rope_table(max(8192, 4 * count + 8)), num_blocks,
