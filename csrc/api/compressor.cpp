@@ -89,7 +89,9 @@ void compress_common(const char* op, int64_t head_dim, int64_t bytes_per_entry, 
   p.rope = rope_table({op, "cos_sin_cache"}, cos_sin_cache, kRopeDim);
   p.cache = paged_cache({op, "kv_cache"}, kv_cache, block_size, bytes_per_entry);
   check_positive({op, "eps"}, double(float(eps)));  // the kernels compute in fp32
-  check_no_overlap(op, "kv_cache", kv_cache, {{"state_cache", &state}, {"gather_slots", &gather_slots},
+  // Not checked against state_cache: engines give every KV-cache group views of one shared allocation, so the two
+  // caches may span the same bytes, their blocks being distinct.
+  check_no_overlap(op, "kv_cache", kv_cache, {{"gather_slots", &gather_slots},
                                               {"positions", &positions}, {"kv_slot_mapping", &kv_slot_mapping},
                                               {"rms_norm_weight", &norm_weight}, {"cos_sin_cache", &cos_sin_cache}});
   p.norm_weight = static_cast<const float*>(norm_weight.const_data_ptr());
