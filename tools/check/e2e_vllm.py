@@ -1,0 +1,359 @@
+"""End to end inside the real vLLM engine: tiny DeepSeek-V4 models served on the CPU with dsv4's plugin.
+
+Each case writes a tiny config, then runs vLLM offline (``load_format="dummy"``, token-id prompts, greedy)
+twice in child processes: a baseline (vLLM's own kernels on dsv4's eager metadata, ``DSV4_VLLM=metadata``)
+and dsv4's kernels (``kernels``, or ``full`` for the V4-Pro shape whose index top-k of 1024 vLLM's CPU
+indexer cannot run; its baseline runs dsv4's indexer with vLLM's other kernels). Checks:
+
+(a) the same greedy tokens, and per-step logprobs of the chosen tokens within LOGPROB_TOLERANCE; where a
+    token differs, the prompt's comparison ends there, and it counts as a failure unless the baseline's
+    top-2 logprobs were within TIE_MARGIN (a tie the kernels' rounding may break either way);
+(b) every DeepSeek-V4 op (and dsv4's indexer where it replaces vLLM's) ran the expected number of times;
+(c) triton-cpu absent and TRITON_INTERPRET unset in the engine.
+
+vLLM's dummy weights (uniform +-1e-3) make every logit a tie, so the children draw the dummy weights at a
+realistic scale from a fixed seed (the same weights in both runs). Prefill / decode tokens per second and
+each op's time per decode step (torch.profiler) are reported for both kernel sets. ``--plant-fault`` makes
+dsv4's attention output wrong by 2% in the candidate run: the comparison must then fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+OPS = (
+    "fused_qnorm_rope_kv_insert_cpu",
+    "fused_indexer_q_rope_quant_cpu",
+    "save_partial_states_cpu",
+    "compress_norm_rope_store_cpu",
+    "compress_norm_rope_store_indexer_cpu",
+    "inverse_gptj_rope_o_proj_cpu",
+    "fp8_paged_mqa_logits_cpu",
+    "topk_transform_512_cpu",
+    "flash_mla_with_kvcache_cpu",
+)
+INDEXER_OP = "dsv4::fp8_paged_mqa_topk"  # what dsv4's CPU indexer runs instead of the logits + top-k pair
+LOGPROB_TOLERANCE = 0.3  # nats, chosen-token logprob, baseline vs dsv4 (seen: up to 0.21 from 1-ulp differences)
+TIE_MARGIN = 0.25  # nats: four bf16 steps of a logit in [8, 16)
+MAX_TOKENS = 16
+N_EXPERTS = 256  # the CPU router rejects small expert counts
+VOCAB = 1024
+LOGIT_SCALE = 6.0  # lm_head std 6/sqrt(hidden): logits of std ~6, so greedy choices are rarely near ties
+
+
+@dataclass
+class Case:
+    name: str
+    heads: int
+    compress_ratios: list[int]
+    index_topk: int = 512
+    index_heads: int = 8
+    long_prompt: int = 2200  # longer than the 128-token window; crosses several 128-token compression groups
+    baseline_mode: str = "metadata"
+    candidate_mode: str = "kernels"
+    baseline_indexer: bool = False  # dsv4's indexer in the baseline too (vLLM's cannot run this top-k)
+    max_model_len: int = 4096
+    short_prompts: list[int] = field(default_factory=lambda: [5, 37, 130])
+
+
+CASES = [
+    Case("v4-flash-h8", heads=8, compress_ratios=[0, 0, 4, 128]),
+    Case("v4-flash-h64", heads=64, index_heads=64, compress_ratios=[0, 4, 128, 4]),
+    Case("v4-pro-topk1024", heads=8, compress_ratios=[0, 4, 128, 4], index_topk=1024, long_prompt=4500,
+         candidate_mode="full", baseline_indexer=True, max_model_len=6144),
+]
+
+
+def config_json(case: Case) -> dict:
+    return {
+        "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "torch_dtype": "bfloat16",
+        "hidden_size": 256, "num_hidden_layers": len(case.compress_ratios), "compress_ratios": case.compress_ratios,
+        "num_attention_heads": case.heads, "num_key_value_heads": 1, "head_dim": 512, "qk_rope_head_dim": 64,
+        "q_lora_rank": 128, "o_lora_rank": 64, "o_groups": 2, "sliding_window": 128,
+        "index_topk": case.index_topk, "index_n_heads": case.index_heads, "index_head_dim": 128,
+        "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6,
+        "n_routed_experts": N_EXPERTS, "num_experts_per_tok": 6, "n_shared_experts": 1, "moe_intermediate_size": 64,
+        "num_hash_layers": len(case.compress_ratios), "scoring_func": "sqrtsoftplus", "topk_method": "noaux_tc", "norm_topk_prob": True,
+        "routed_scaling_factor": 1.5, "hidden_act": "silu", "swiglu_limit": 10,
+        "rope_theta": 10000, "compress_rope_theta": 160000,
+        "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
+                         "beta_fast": 32, "beta_slow": 1},
+        "expert_dtype": "bf16", "vocab_size": VOCAB, "max_position_embeddings": 8192, "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+    }
+
+
+def prompts(case: Case) -> list[list[int]]:
+    import random
+
+    rng = random.Random(20261202)
+    return [[rng.randrange(1, 1024) for _ in range(n)] for n in (case.long_prompt, *case.short_prompts)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Child: one engine run
+# ---------------------------------------------------------------------------------------------
+
+
+def realistic_dummy_weights(seed: int = 7):
+    """Replaces vLLM's dummy initializer: weights ~ N(0, 1/fan_in), 1-D tensors 1 + N(0, 0.1^2), integer
+    tables (the hash layer's token -> expert map) uniform expert ids; one seeded stream in load order."""
+    import torch
+    from vllm.model_executor.model_loader import dummy_loader
+
+    generator = torch.Generator().manual_seed(seed)
+
+    @torch.no_grad()
+    def init(param, *args, **kwargs):
+        if param.device.type == "meta":
+            return
+        if not torch.is_floating_point(param):
+            param.copy_(torch.randint(0, N_EXPERTS, param.shape, generator=generator))
+        elif param.dim() == 1:
+            param.copy_(1 + 0.1 * torch.randn(param.shape, generator=generator))
+        else:  # the vocabulary's rows (embedding, lm_head) larger: decisive logits
+            scale = LOGIT_SCALE if param.shape[0] == VOCAB else 1.0
+            param.copy_(torch.randn(param.shape, generator=generator) * scale / math.sqrt(param.shape[-1]))
+
+    dummy_loader.initialize_single_dummy_weight = init
+
+
+def plant_fault():
+    """dsv4's attention output scaled by 1.02 (the check must notice)."""
+    import dsv4.compat.vllm_cpu as compat
+
+    exact = compat.flash_mla_with_kvcache_cpu
+
+    def faulty(out, *args):
+        exact(out, *args)
+        out.mul_(1.02)
+
+    compat.flash_mla_with_kvcache_cpu = faulty
+
+
+def op_profile(prof) -> dict[str, dict[str, float]]:
+    """Calls and total self + child CPU time (us) of each DeepSeek-V4 op and of dsv4's fused indexer."""
+    names = {f"_C::{op}": op for op in OPS} | {INDEXER_OP: INDEXER_OP}
+    out: dict[str, dict[str, float]] = {}
+    for event in prof.key_averages():
+        if event.key in names:
+            out[names[event.key]] = {"calls": event.count, "us": event.cpu_time_total}
+    return out
+
+
+def child(args) -> None:
+    os.environ["DSV4_VLLM"] = args.mode
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    case = next(c for c in CASES if c.name == args.case[0])
+    realistic_dummy_weights()
+    if args.plant_fault:
+        plant_fault()
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from vllm import LLM, SamplingParams
+    from vllm.triton_utils import HAS_TRITON
+
+    if args.baseline_indexer:
+        from dsv4.integrations.vllm import indexer
+
+        indexer.install()
+    started = time.perf_counter()
+    llm = LLM(model=args.model, load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
+              max_model_len=case.max_model_len, max_num_batched_tokens=case.max_model_len + 512, seed=0,
+              disable_log_stats=False)  # per-request timestamps: prefill and decode times of one run
+    engine_s = time.perf_counter() - started
+    batch = [{"prompt_token_ids": p} for p in prompts(case)]
+
+    def generate(max_tokens: int):
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=2, detokenize=False,
+                                ignore_eos=True)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            t0 = time.perf_counter()
+            outputs = llm.generate(batch, params, use_tqdm=False)
+            wall = time.perf_counter() - t0
+        return outputs, wall, op_profile(prof)
+
+    generate(1)  # warm-up: first-call allocations and caches stay out of the timings
+    _, _, prefill_ops = generate(1)
+    outputs, total_s, total_ops = generate(MAX_TOKENS)
+    metrics = [o.metrics for o in outputs]
+    start = min(m.scheduled_ts for m in metrics)
+    first, last = max(m.first_token_ts for m in metrics), max(m.last_token_ts for m in metrics)
+    prefill_s, decode_s = first - start, last - first  # one prefill step for the whole batch, then decode steps
+    steps = []
+    for o in outputs:
+        rows = []
+        for token, logprobs in zip(o.outputs[0].token_ids, o.outputs[0].logprobs):
+            ranked = sorted(logprobs.values(), key=lambda lp: lp.rank)
+            rows.append({"token": token, "logprob": logprobs[token].logprob,
+                         "top2": [lp.logprob for lp in ranked[:2]]})
+        steps.append(rows)
+    from dsv4.integrations import vllm as plugin
+
+    result = {
+        "case": case.name, "mode": args.mode, "engine_s": engine_s, "prefill_s": prefill_s, "decode_s": decode_s,
+        "total_s": total_s,
+        "prompt_tokens": sum(len(p) for p in prompts(case)), "num_prompts": len(batch), "steps": steps,
+        "prefill_ops": prefill_ops, "total_ops": total_ops, "has_triton": HAS_TRITON,
+        "triton_interpret": os.environ.get("TRITON_INTERPRET"), "taken_over": plugin.taken_over(),
+        "threads": torch.get_num_threads(),
+    }
+    Path(args.json).write_text(json.dumps(result))
+
+
+# ---------------------------------------------------------------------------------------------
+# Parent: run, compare, report
+# ---------------------------------------------------------------------------------------------
+
+
+def run_child(case: Case, model: Path, mode: str, out: Path, *, baseline_indexer=False, plant=False) -> dict:
+    cmd = [sys.executable, __file__, "--child", "--case", case.name, "--model", str(model), "--mode", mode,
+           "--json", str(out)]
+    cmd += ["--baseline-indexer"] if baseline_indexer else []
+    cmd += ["--plant-fault"] if plant else []
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    log = out.with_suffix(".log")
+    with open(log, "w") as f:
+        rc = subprocess.call(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
+    if rc != 0:
+        tail = "".join(log.read_text().splitlines(keepends=True)[-30:])
+        raise SystemExit(f"{case.name} [{mode}] engine run failed (rc {rc}); the log ends:\n{tail}")
+    return json.loads(out.read_text())
+
+
+def compare_tokens(base: dict, cand: dict) -> tuple[list[str], float, int]:
+    """(failures, largest chosen-token logprob difference, tokens compared)."""
+    failures, worst, compared = [], 0.0, 0
+    for p, (b_rows, c_rows) in enumerate(zip(base["steps"], cand["steps"])):
+        for s, (b, c) in enumerate(zip(b_rows, c_rows)):
+            if b["token"] != c["token"]:
+                gap = b["top2"][0] - b["top2"][1]
+                if gap > TIE_MARGIN:
+                    failures.append(f"prompt {p} step {s}: token {c['token']} instead of {b['token']} "
+                                    f"(baseline top-2 gap {gap:.3f} > {TIE_MARGIN})")
+                break  # the continuations differ from here on
+            compared += 1
+            diff = abs(b["logprob"] - c["logprob"])
+            worst = max(worst, diff)
+            if diff > LOGPROB_TOLERANCE:
+                failures.append(f"prompt {p} step {s}: logprob {c['logprob']:.4f} vs {b['logprob']:.4f}")
+    return failures, worst, compared
+
+
+def expected_calls(case: Case, run: dict, phase: str) -> dict[str, int]:
+    """Calls per op in one generate: forward steps x layers of each kind (prefill: one step; decode steps
+    come after it). The compressors' store ops run only in steps where some token completes a group."""
+    steps = 1 if phase == "prefill" else MAX_TOKENS
+    layers = len(case.compress_ratios)
+    c4 = sum(r == 4 for r in case.compress_ratios)
+    compressed = sum(r > 1 for r in case.compress_ratios)
+    dsv4_indexer = run["mode"] == "full" or (run["mode"] == "metadata" and case.baseline_indexer)
+    calls = {
+        "fused_qnorm_rope_kv_insert_cpu": layers, "inverse_gptj_rope_o_proj_cpu": layers,
+        "flash_mla_with_kvcache_cpu": layers, "fused_indexer_q_rope_quant_cpu": c4,
+        "save_partial_states_cpu": compressed + c4,
+        "fp8_paged_mqa_logits_cpu": 0 if dsv4_indexer else c4, "topk_transform_512_cpu": 0 if dsv4_indexer else c4,
+        INDEXER_OP: c4 if dsv4_indexer else 0,
+    }
+    return {op: n * steps for op, n in calls.items()}
+
+
+def check_calls(case: Case, run: dict) -> list[str]:
+    failures = []
+    for phase, ops in (("prefill", run["prefill_ops"]), ("total", run["total_ops"])):
+        for op, want in expected_calls(case, run, phase).items():
+            got = int(ops.get(op, {}).get("calls", 0))
+            if got != want:
+                failures.append(f"{run['mode']} {phase}: {op} called {got} times, expected {want}")
+        for op in ("compress_norm_rope_store_cpu", "compress_norm_rope_store_indexer_cpu"):
+            if any(r > 1 for r in case.compress_ratios) and not ops.get(op, {}).get("calls"):
+                failures.append(f"{run['mode']} {phase}: {op} never called")
+    if run["has_triton"] or run["triton_interpret"]:
+        failures.append(f"{run['mode']}: triton usable in the engine (HAS_TRITON {run['has_triton']}, "
+                        f"TRITON_INTERPRET {run['triton_interpret']!r})")
+    return failures
+
+
+def timing_lines(run: dict) -> list[str]:
+    decode_steps = MAX_TOKENS - 1
+    decode_s = run["decode_s"]
+    prefill_tps = run["prompt_tokens"] / run["prefill_s"]
+    decode_tps = run["num_prompts"] * decode_steps / decode_s
+    per_step = {}
+    for op, v in run["total_ops"].items():
+        before = run["prefill_ops"].get(op, {}).get("us", 0.0)
+        per_step[op] = (v["us"] - before) / decode_steps
+    attention_us = sum(per_step.values())
+    step_us = decode_s / decode_steps * 1e6
+    top = ", ".join(f"{op.removesuffix('_cpu')} {us:.0f}" for op, us in sorted(per_step.items(), key=lambda kv: -kv[1]))
+    return [f"  {run['mode']:<8} prefill {prefill_tps:7.0f} tok/s   decode {decode_tps:6.1f} tok/s "
+            f"({step_us / 1e3:.1f} ms/step, attention ops {attention_us / 1e3:.2f} ms = "
+            f"{100 * attention_us / step_us:.0f}% of the step)",
+            f"           per decode step (us): {top}"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--case", action="append", choices=[c.name for c in CASES],
+                        help="run only these cases (default: all)")
+    parser.add_argument("--plant-fault", action="store_true", help="dsv4's attention output made 2%% wrong")
+    parser.add_argument("--json", help="write the report here (parent) / the run's result (child)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", help=argparse.SUPPRESS)
+    parser.add_argument("--baseline-indexer", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return 0
+
+    import vllm
+
+    cases = [c for c in CASES if not args.case or c.name in args.case]
+    print(f"vLLM {vllm.__version__}; {len(cases)} case(s), {MAX_TOKENS} greedy tokens per prompt"
+          + ("; PLANTED FAULT in dsv4's attention" if args.plant_fault else ""), flush=True)
+    all_failures, report = [], []
+    with tempfile.TemporaryDirectory(prefix="dsv4-e2e-") as tmp:
+        for case in cases:
+            model = Path(tmp) / case.name
+            model.mkdir()
+            (model / "config.json").write_text(json.dumps(config_json(case)))
+            base = run_child(case, model, case.baseline_mode, model / "base.json",
+                             baseline_indexer=case.baseline_indexer)
+            cand = run_child(case, model, case.candidate_mode, model / "cand.json", plant=args.plant_fault)
+            failures, worst, compared = compare_tokens(base, cand)
+            failures += check_calls(case, base) + check_calls(case, cand)
+            lens = [case.long_prompt, *case.short_prompts]
+            print(f"{case.name}: heads {case.heads}, ratios {case.compress_ratios}, index top-k {case.index_topk}, "
+                  f"prompts {lens}; {base['mode']} vs {cand['mode']}: {compared} tokens compared, largest "
+                  f"logprob difference {worst:.4f}; {'PASS' if not failures else 'FAIL'}")
+            print(f"  dsv4 took over ({cand['mode']}): {len(cand['taken_over'])} names; op calls "
+                  + ", ".join(f"{op.removesuffix('_cpu')} {int(v['calls'])}"
+                              for op, v in sorted(cand['total_ops'].items())))
+            for line in timing_lines(base) + timing_lines(cand):
+                print(line)
+            for f in failures:
+                print(f"  FAIL {f}")
+            all_failures += [f"{case.name}: {f}" for f in failures]
+            report.append({"case": case.name, "baseline": base, "candidate": cand, "failures": failures,
+                           "largest_logprob_difference": worst, "tokens_compared": compared})
+            sys.stdout.flush()
+    if args.json:
+        Path(args.json).write_text(json.dumps(report))
+    print(f"e2e-vllm: {len(cases) - len({f.split(':')[0] for f in all_failures})} passed, "
+          f"{len({f.split(':')[0] for f in all_failures})} failed")
+    return 1 if all_failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
