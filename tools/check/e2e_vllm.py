@@ -140,13 +140,17 @@ def plant_fault():
     compat.flash_mla_with_kvcache_cpu = faulty
 
 
-def op_profile(prof) -> dict[str, dict[str, float]]:
-    """Calls and total self + child CPU time (us) of each DeepSeek-V4 op and of dsv4's fused indexer."""
+def op_profile(prof, prefill_calls: dict[str, int] | None = None) -> dict[str, dict[str, float]]:
+    """Calls and CPU time (us, self + children) of each DeepSeek-V4 op and of dsv4's fused indexer; with
+    prefill_calls (an op's calls in the prefill step), also the time of the calls after them (the decode steps)."""
     names = {f"_C::{op}": op for op in OPS} | {INDEXER_OP: INDEXER_OP}
     out: dict[str, dict[str, float]] = {}
-    for event in prof.key_averages():
-        if event.key in names:
-            out[names[event.key]] = {"calls": event.count, "us": event.cpu_time_total}
+    for event in sorted((e for e in prof.events() if e.name in names), key=lambda e: e.time_range.start):
+        entry = out.setdefault(names[event.name], {"calls": 0, "us": 0.0, "decode_us": 0.0})
+        entry["calls"] += 1
+        entry["us"] += event.cpu_time_total
+        if prefill_calls is not None and entry["calls"] > prefill_calls.get(names[event.name], 0):
+            entry["decode_us"] += event.cpu_time_total
     return out
 
 
@@ -174,18 +178,18 @@ def child(args) -> None:
     engine_s = time.perf_counter() - started
     batch = [{"prompt_token_ids": p} for p in prompts(case)]
 
-    def generate(max_tokens: int):
+    def generate(max_tokens: int, prefill_calls=None):
         params = SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=2, detokenize=False,
                                 ignore_eos=True)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             t0 = time.perf_counter()
             outputs = llm.generate(batch, params, use_tqdm=False)
             wall = time.perf_counter() - t0
-        return outputs, wall, op_profile(prof)
+        return outputs, wall, op_profile(prof, prefill_calls)
 
     generate(1)  # warm-up: first-call allocations and caches stay out of the timings
     _, _, prefill_ops = generate(1)
-    outputs, total_s, total_ops = generate(MAX_TOKENS)
+    outputs, total_s, total_ops = generate(MAX_TOKENS, {op: v["calls"] for op, v in prefill_ops.items()})
     metrics = [o.metrics for o in outputs]
     start = min(m.scheduled_ts for m in metrics)
     first, last = max(m.first_token_ts for m in metrics), max(m.last_token_ts for m in metrics)
@@ -289,10 +293,7 @@ def timing_lines(run: dict) -> list[str]:
     decode_s = run["decode_s"]
     prefill_tps = run["prompt_tokens"] / run["prefill_s"]
     decode_tps = run["num_prompts"] * decode_steps / decode_s
-    per_step = {}
-    for op, v in run["total_ops"].items():
-        before = run["prefill_ops"].get(op, {}).get("us", 0.0)
-        per_step[op] = (v["us"] - before) / decode_steps
+    per_step = {op: v["decode_us"] / decode_steps for op, v in run["total_ops"].items()}
     attention_us = sum(per_step.values())
     step_us = decode_s / decode_steps * 1e6
     top = ", ".join(f"{op.removesuffix('_cpu')} {us:.0f}" for op, us in sorted(per_step.items(), key=lambda kv: -kv[1]))
