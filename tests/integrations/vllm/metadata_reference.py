@@ -34,7 +34,7 @@ def batch(g: torch.Generator, num_decodes: int, num_prefills: int, max_prefill: 
     num_prefills = max(num_prefills, 1 - num_decodes)  # at least one request
     qlens = [1] * num_decodes + [int(torch.randint(0, max_prefill, (1,), generator=g)) for _ in range(num_prefills)]
     prefix = [int(torch.randint(0, 900, (1,), generator=g)) for _ in qlens]
-    seq_lens = torch.tensor([p + q for p, q in zip(prefix, qlens)], dtype=torch.int32)
+    seq_lens = torch.tensor([p + q for p, q in zip(prefix, qlens, strict=True)], dtype=torch.int32)
     qsl = torch.tensor([0, *torch.tensor(qlens).cumsum(0).tolist()], dtype=torch.int32)
     pages = (int(seq_lens.max()) + BLOCK - 1) // BLOCK + 2
     block_table = torch.stack([torch.randperm(4 * pages, generator=g)[:pages] for _ in qlens]).to(torch.int32)
@@ -96,7 +96,7 @@ def check_indexer_decode(g) -> int:
         indexer_decode_loop(qsl, seq_lens, block_table, *outs[0], num_reqs, num_tokens, capacity, cols)
         eager.indexer_decode_metadata(qsl, seq_lens, block_table, *outs[1][:4], outs[1][4], num_reqs, num_tokens,
                                       capacity, block_table.stride(0), outs[1][1].stride(0), BLOCK_COLS=cols)
-        bad += not all(same(a, b) for a, b in zip(*outs))
+        bad += not all(same(a, b) for a, b in zip(*outs, strict=True))
     return bad
 
 
@@ -151,8 +151,9 @@ def check_compressed_slots(g) -> int:
             slots = torch.randint(0, 10_000, (tokens,), generator=g)
             slots[torch.rand(tokens, generator=g) < 0.1] = -1
             storage = BLOCK // 4 if ratio == 4 else 2
-            want, got = torch.full((tokens + 2,), -1, dtype=torch.int64), torch.full((tokens + 2,), -1, dtype=torch.int64)
-            compressor_utils.CompressedSlotMappingKernel()(want, slots, qsl, seq_lens, block_table, storage, ratio, 1, 1)
+            want, got = (torch.full((tokens + 2,), -1, dtype=torch.int64) for _ in range(2))
+            compressor_utils.CompressedSlotMappingKernel()(want, slots, qsl, seq_lens, block_table, storage, ratio,
+                                                           1, 1)
             eager.compressed_slot_mapping(got, slots, qsl, seq_lens, block_table, storage, ratio, 1, 1)
             bad += not same(want, got)
     return bad
@@ -173,7 +174,7 @@ def check_prefill_chunks(g) -> int:
             for fn, (t2s, ks, ke) in ((indexer.BuildPrefillChunkMetadataKernel(), outs[0]),
                                       (eager.prefill_chunk_metadata, outs[1])):
                 fn(qsl, seq_lens, cu, cu, t2s, ks, ke, start, stop, 0, 1, 1, num_reqs=num_reqs, COMPRESS_RATIO=ratio)
-            bad += not all(same(a, b) for a, b in zip(*outs))
+            bad += not all(same(a, b) for a, b in zip(*outs, strict=True))
     return bad
 
 
@@ -188,7 +189,7 @@ def check_uniform_decode(g) -> int:
         for fn, (lens, table, dlens) in ((indexer.PrepareUniformDecodeKernel(), outs[0]),
                                          (eager.uniform_decode, outs[1])):
             fn(seq_lens, lens, block_table, table, dlens, rows, next_n)
-        bad += not all(same(a, b) for a, b in zip(*outs))
+        bad += not all(same(a, b) for a, b in zip(*outs, strict=True))
     return bad
 
 

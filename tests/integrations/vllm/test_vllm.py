@@ -42,7 +42,8 @@ def test_register_takes_over_once_and_logs_it():
             "from dsv4.integrations import vllm as p\n"
             "import torch\n"
             "print('TAKEN', len(p.taken_over()))\n"
-            "print('IMPL', all(torch._C._dispatch_has_kernel_for_dispatch_key('_C::' + n, 'CPU') for n in p.kernels.OPS))")
+            "has = torch._C._dispatch_has_kernel_for_dispatch_key\n"
+            "print('IMPL', all(has('_C::' + n, 'CPU') for n in p.kernels.OPS))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     taken = len(metadata_kernels.KERNELS) + len(metadata_kernels.LAUNCHERS) + 1 + len(kernels.OPS)

@@ -19,15 +19,20 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 from enum import Enum
 
 ENV_VAR = "DSV4_VLLM"
 TESTED_VLLM = ((0, 32), (0, 33))  # [low, high): the releases whose code paths this plugin was tested on
 
 
-def _logger() -> logging.Logger:
-    # Fetched after vLLM configured logging (it disables loggers that existed before), under its "vllm" logger.
-    return logging.getLogger("vllm.dsv4")
+def _log(level: int, message: str, *args) -> None:
+    """Through vLLM's logger when it is set up; vLLM loads plugins before that, so else on stderr."""
+    logger = logging.getLogger("vllm.dsv4")
+    if logger.hasHandlers():
+        logger.log(level, message, *args)
+    elif level >= logging.INFO:
+        print(f"{logging.getLevelName(level)} {message % args}", file=sys.stderr)
 
 
 class Mode(str, Enum):
@@ -81,13 +86,13 @@ def register() -> None:
         return
     if not tested(vllm.__version__):
         lo, hi = (".".join(map(str, r)) for r in TESTED_VLLM)
-        _logger().warning("dsv4: vLLM %s is outside the tested range [%s, %s); leaving vLLM untouched",
+        _log(logging.WARNING, "dsv4: vLLM %s is outside the tested range [%s, %s); leaving vLLM untouched",
                        vllm.__version__, lo, hi)
         return
     if not current_platform.is_cpu():
         return
     _taken_over = _install(mode, current_platform)
-    _logger().info("dsv4 %s (%s=%s) took over: %s", _dsv4_version(), ENV_VAR, mode.value,
+    _log(logging.INFO, "dsv4 %s (%s=%s) took over: %s", _dsv4_version(), ENV_VAR, mode.value,
                    ", ".join(name.rsplit(".", 1)[-1] for name in _taken_over))
 
 
