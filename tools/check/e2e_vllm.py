@@ -30,17 +30,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-OPS = (
-    "fused_qnorm_rope_kv_insert_cpu",
-    "fused_indexer_q_rope_quant_cpu",
-    "save_partial_states_cpu",
-    "compress_norm_rope_store_cpu",
-    "compress_norm_rope_store_indexer_cpu",
-    "inverse_gptj_rope_o_proj_cpu",
-    "fp8_paged_mqa_logits_cpu",
-    "topk_transform_512_cpu",
-    "flash_mla_with_kvcache_cpu",
-)
+from dsv4.compat import vllm_cpu
+
+OPS = vllm_cpu.OPS  # the nine DeepSeek-V4 CPU ops of vLLM
 INDEXER_OP = "dsv4::fp8_paged_mqa_topk"  # what dsv4's CPU indexer runs instead of the logits + top-k pair
 LOGPROB_TOLERANCE = 0.3  # nats, chosen-token logprob, baseline vs dsv4 (seen: up to 0.21 from 1-ulp differences)
 TIE_MARGIN = 0.25  # nats: four bf16 steps of a logit in [8, 16)

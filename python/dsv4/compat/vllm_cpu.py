@@ -17,6 +17,17 @@ from .. import ops
 from ..constants import MODEL1_HEAD_DIM
 
 VLLM_TOPK = 512  # topk_transform_512_cpu writes exactly this many columns
+OPS = (
+    "fused_qnorm_rope_kv_insert_cpu",
+    "fused_indexer_q_rope_quant_cpu",
+    "save_partial_states_cpu",
+    "compress_norm_rope_store_cpu",
+    "compress_norm_rope_store_indexer_cpu",
+    "inverse_gptj_rope_o_proj_cpu",
+    "fp8_paged_mqa_logits_cpu",
+    "topk_transform_512_cpu",
+    "flash_mla_with_kvcache_cpu",
+)  # vLLM's DeepSeek-V4 CPU ops, each a function of this module
 
 # ---------------------------------------------------------------------------------------------
 # KV-cache writers

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from . import vllm_cpu
+
 PEER_ENV = "DSV4_VLLM_PEER"
 # tools/check/fetch_vllm_peer.sh puts it here in a source checkout (editable installs find it too).
 DEFAULT_PEER = Path(__file__).resolve().parents[3] / ".peer" / "vllm" / "_C.abi3.so"
@@ -25,17 +27,7 @@ DEFAULT_PEER = Path(__file__).resolve().parents[3] / ".peer" / "vllm" / "_C.abi3
 PROBE_TIMEOUT_S = 300
 CPU_CANNOT_RUN = "calling vLLM's kernels on this CPU killed the process"  # how a failed probe by a signal reads
 
-PEER_OPS = (
-    "fused_qnorm_rope_kv_insert_cpu",
-    "fused_indexer_q_rope_quant_cpu",
-    "save_partial_states_cpu",
-    "compress_norm_rope_store_cpu",
-    "compress_norm_rope_store_indexer_cpu",
-    "inverse_gptj_rope_o_proj_cpu",
-    "fp8_paged_mqa_logits_cpu",
-    "topk_transform_512_cpu",
-    "flash_mla_with_kvcache_cpu",
-)
+PEER_OPS = vllm_cpu.OPS
 
 
 def peer_path() -> Path:

@@ -11,17 +11,7 @@ import torch
 
 from ...compat import vllm_cpu
 
-OPS = (
-    "fused_qnorm_rope_kv_insert_cpu",
-    "fused_indexer_q_rope_quant_cpu",
-    "save_partial_states_cpu",
-    "compress_norm_rope_store_cpu",
-    "compress_norm_rope_store_indexer_cpu",
-    "inverse_gptj_rope_o_proj_cpu",
-    "fp8_paged_mqa_logits_cpu",
-    "topk_transform_512_cpu",
-    "flash_mla_with_kvcache_cpu",
-)
+OPS = vllm_cpu.OPS
 
 _library: torch.library.Library | None = None  # kept alive: dropping it would undo the registrations
 
