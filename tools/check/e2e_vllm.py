@@ -1,14 +1,14 @@
 """End to end inside the real vLLM engine: tiny DeepSeek-V4 models served on the CPU with dsv4's plugin.
 
-Each case writes a tiny config, then runs vLLM offline (``load_format="dummy"``, token-id prompts, greedy)
-twice in child processes: a baseline (vLLM's own kernels on dsv4's eager metadata, ``DSV4_VLLM=metadata``)
+Each case writes a tiny config, then runs vLLM offline (``load_format="dummy"``, token-id prompts, greedy; four
+prompts on three sequence slots, so the steps are prefill-only, decode-only and mixed) twice in child processes: a baseline (vLLM's own kernels on dsv4's eager metadata, ``DSV4_VLLM=metadata``)
 and dsv4's kernels (``kernels``, or ``full`` for the V4-Pro shape whose index top-k of 1024 vLLM's CPU
 indexer cannot run; its baseline runs dsv4's indexer with vLLM's other kernels). Checks:
 
 (a) the same greedy tokens, and per-step logprobs of the chosen tokens within LOGPROB_TOLERANCE; where a
     token differs, the prompt's comparison ends there, and it counts as a failure unless the baseline's
     top-2 logprobs were within TIE_MARGIN (a tie the kernels' rounding may break either way);
-(b) every DeepSeek-V4 op (and dsv4's indexer where it replaces vLLM's) ran the expected number of times;
+(b) every op that runs in each step ran steps x layers times, and the indexer's ops as often as in the baseline;
 (c) triton-cpu absent and TRITON_INTERPRET unset in the engine.
 
 vLLM's dummy weights (uniform +-1e-3) make every logit a tie, so the children draw the dummy weights at a
@@ -37,6 +37,7 @@ INDEXER_OP = "dsv4::fp8_paged_mqa_topk"  # what dsv4's CPU indexer runs instead 
 LOGPROB_TOLERANCE = 0.3  # nats, chosen-token logprob, baseline vs dsv4 (seen: up to 0.21 from 1-ulp differences)
 TIE_MARGIN = 0.25  # nats: four bf16 steps of a logit in [8, 16)
 MAX_TOKENS = 16
+MAX_NUM_SEQS = 3  # four prompts, three slots: the last one is prefilled beside decodes (a mixed batch)
 N_EXPERTS = 256  # the CPU router rejects small expert counts
 VOCAB = 1024
 LOGIT_SCALE = 6.0  # lm_head std 6/sqrt(hidden): logits of std ~6, so greedy choices are rarely near ties
@@ -65,6 +66,9 @@ CASES = [
 ]
 
 
+CASES_BY_NAME = {c.name: c for c in CASES}
+
+
 def config_json(case: Case) -> dict:
     return {
         "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "torch_dtype": "bfloat16",
@@ -91,6 +95,31 @@ def prompts(case: Case) -> list[list[int]]:
 
     rng = random.Random(20261202)
     return [[rng.randrange(1, 1024) for _ in range(n)] for n in (case.long_prompt, *case.short_prompts)]
+
+
+def token_budgets(case: Case, max_tokens: int) -> list[int]:
+    """Tokens each prompt generates: the second prompt stops after 2, freeing its slot for the last prompt."""
+    budgets = [max_tokens] * (1 + len(case.short_prompts))
+    budgets[1] = min(2, max_tokens)
+    return budgets
+
+
+def schedule(budgets: list[int]) -> tuple[int, int]:
+    """(forward steps, mixed steps) when requests take free slots in order and a request's prefill step makes
+    its first token: prefill-only, decode-only and mixed steps as vLLM schedules them here."""
+    waiting, running, steps, mixed = list(budgets), [], 0, 0
+    while waiting or running:
+        decodes = len(running)
+        running = [left - 1 for left in running if left > 1]  # each running request decodes one token
+        admitted = 0
+        while waiting and len(running) + admitted < MAX_NUM_SEQS:
+            left = waiting.pop(0)
+            admitted += 1
+            if left > 1:
+                running.append(left - 1)
+        steps += 1
+        mixed += bool(decodes and admitted)
+    return steps, mixed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,13 +197,14 @@ def child(args) -> None:
     started = time.perf_counter()
     llm = LLM(model=args.model, load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
               max_model_len=case.max_model_len, max_num_batched_tokens=case.max_model_len + 512, seed=0,
+              max_num_seqs=MAX_NUM_SEQS,
               disable_log_stats=False)  # per-request timestamps: prefill and decode times of one run
     engine_s = time.perf_counter() - started
     batch = [{"prompt_token_ids": p} for p in prompts(case)]
 
     def generate(max_tokens: int, prefill_calls=None):
-        params = SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=2, detokenize=False,
-                                ignore_eos=True)
+        params = [SamplingParams(temperature=0, max_tokens=n, logprobs=2, detokenize=False, ignore_eos=True)
+                  for n in token_budgets(case, max_tokens)]
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             t0 = time.perf_counter()
             outputs = llm.generate(batch, params, use_tqdm=False)
@@ -184,10 +214,15 @@ def child(args) -> None:
     generate(1)  # warm-up: first-call allocations and caches stay out of the timings
     _, _, prefill_ops = generate(1)
     outputs, total_s, total_ops = generate(MAX_TOKENS, {op: v["calls"] for op, v in prefill_ops.items()})
+    # Engine timestamps: the first step prefills the prompts that got a slot; the window from the first token
+    # to the last is decode steps (one of them also prefills the last prompt, a small one).
     metrics = [o.metrics for o in outputs]
-    start = min(m.scheduled_ts for m in metrics)
-    first, last = max(m.first_token_ts for m in metrics), max(m.last_token_ts for m in metrics)
-    prefill_s, decode_s = first - start, last - first  # one prefill step for the whole batch, then decode steps
+    first = min(m.first_token_ts for m in metrics)
+    prefill_s = first - min(m.scheduled_ts for m in metrics)
+    prefill_tokens = sum(len(o.prompt_token_ids) for o, m in zip(outputs, metrics, strict=True)
+                         if m.first_token_ts <= first + 1e-6)
+    decode_s = max(m.last_token_ts for m in metrics) - first
+    decode_tokens = sum(len(o.outputs[0].token_ids) - 1 for o in outputs)
     steps = []
     for o in outputs:
         rows = []
@@ -200,6 +235,7 @@ def child(args) -> None:
 
     result = {
         "case": case.name, "mode": args.mode, "engine_s": engine_s, "prefill_s": prefill_s, "decode_s": decode_s,
+        "prefill_tokens": prefill_tokens, "decode_tokens": decode_tokens,
         "total_s": total_s,
         "prompt_tokens": sum(len(p) for p in prompts(case)), "num_prompts": len(batch), "steps": steps,
         "prefill_ops": prefill_ops, "total_ops": total_ops, "has_triton": HAS_TRITON,
@@ -248,48 +284,66 @@ def compare_tokens(base: dict, cand: dict) -> tuple[list[str], float, int]:
     return failures, worst, compared
 
 
-def expected_calls(case: Case, run: dict, phase: str) -> dict[str, int]:
-    """Calls per op in one generate: forward steps x layers of each kind (prefill: one step; decode steps
-    come after it). The compressors' store ops run only in steps where some token completes a group."""
-    steps = 1 if phase == "prefill" else MAX_TOKENS
+INDEXER_OPS = ("fused_indexer_q_rope_quant_cpu", "fp8_paged_mqa_logits_cpu", "topk_transform_512_cpu", INDEXER_OP)
+
+
+def expected_calls(case: Case, phase: str) -> dict[str, int]:
+    """Calls of the ops that run in every forward step: steps x layers of each kind (a mixed step calls each
+    once). The indexer's ops are left out: vLLM skips the indexer in steps where no row has more compressed
+    entries than the top-k; check_calls holds them to the baseline's counts instead."""
+    steps, _ = schedule(token_budgets(case, 1 if phase == "prefill" else MAX_TOKENS))
     layers = len(case.compress_ratios)
     c4 = sum(r == 4 for r in case.compress_ratios)
     compressed = sum(r > 1 for r in case.compress_ratios)
-    dsv4_indexer = run["mode"] == "full" or (run["mode"] == "metadata" and case.baseline_indexer)
     calls = {
         "fused_qnorm_rope_kv_insert_cpu": layers, "inverse_gptj_rope_o_proj_cpu": layers,
-        "flash_mla_with_kvcache_cpu": layers, "fused_indexer_q_rope_quant_cpu": c4,
-        "save_partial_states_cpu": compressed + c4,
-        "fp8_paged_mqa_logits_cpu": 0 if dsv4_indexer else c4, "topk_transform_512_cpu": 0 if dsv4_indexer else c4,
-        INDEXER_OP: c4 if dsv4_indexer else 0,
+        "flash_mla_with_kvcache_cpu": layers, "save_partial_states_cpu": compressed + c4,
+        "compress_norm_rope_store_cpu": compressed, "compress_norm_rope_store_indexer_cpu": c4,
     }
     return {op: n * steps for op, n in calls.items()}
 
 
-def check_calls(case: Case, run: dict) -> list[str]:
+def check_calls(case: Case, base: dict, cand: dict) -> list[str]:
+    """Every-step ops against the schedule; the indexer's ops as often as in the baseline, where vLLM's (or,
+    when vLLM's cannot run the top-k, dsv4's) indexer ran; triton-cpu absent in both engines."""
     failures = []
-    for phase, ops in (("prefill", run["prefill_ops"]), ("total", run["total_ops"])):
-        for op, want in expected_calls(case, run, phase).items():
-            got = int(ops.get(op, {}).get("calls", 0))
-            if got != want:
-                failures.append(f"{run['mode']} {phase}: {op} called {got} times, expected {want}")
-        for op in ("compress_norm_rope_store_cpu", "compress_norm_rope_store_indexer_cpu"):
-            if any(r > 1 for r in case.compress_ratios) and not ops.get(op, {}).get("calls"):
-                failures.append(f"{run['mode']} {phase}: {op} never called")
-    if run["has_triton"] or run["triton_interpret"]:
-        failures.append(f"{run['mode']}: triton usable in the engine (HAS_TRITON {run['has_triton']}, "
-                        f"TRITON_INTERPRET {run['triton_interpret']!r})")
+    for run in (base, cand):
+        for phase in ("prefill", "total"):
+            ops = run[f"{phase}_ops"]
+            for op, want in expected_calls(case, phase).items():
+                got = int(ops.get(op, {}).get("calls", 0))
+                if got != want:
+                    failures.append(f"{run['mode']} {phase}: {op} called {got} times, expected {want}")
+        if run["has_triton"] or run["triton_interpret"]:
+            failures.append(f"{run['mode']}: triton usable in the engine (HAS_TRITON {run['has_triton']}, "
+                            f"TRITON_INTERPRET {run['triton_interpret']!r})")
+    calls = {name: {op: int(run["total_ops"].get(op, {}).get("calls", 0)) for op in INDEXER_OPS}
+             for name, run in (("baseline", base), ("dsv4", cand))}
+    selections = calls["baseline"]["topk_transform_512_cpu"] + calls["baseline"][INDEXER_OP]
+    want = {"fused_indexer_q_rope_quant_cpu": calls["baseline"]["fused_indexer_q_rope_quant_cpu"]}
+    if cand["mode"] == "full":  # dsv4's fused indexer replaces the logits + top-k pair call for call
+        want |= {"fp8_paged_mqa_logits_cpu": 0, "topk_transform_512_cpu": 0, INDEXER_OP: selections}
+    else:
+        want |= {op: calls["baseline"][op] for op in ("fp8_paged_mqa_logits_cpu", "topk_transform_512_cpu")}
+        want[INDEXER_OP] = calls["baseline"][INDEXER_OP]
+    if any(r == 4 for r in case.compress_ratios) and selections == 0:
+        failures.append("the indexer never ran: no prompt is longer than the top-k in compressed entries")
+    for op, n in want.items():
+        if calls["dsv4"][op] != n:
+            failures.append(f"{cand['mode']}: {op} called {calls['dsv4'][op]} times, the baseline's count is {n}")
     return failures
 
 
 def timing_lines(run: dict) -> list[str]:
-    decode_steps = MAX_TOKENS - 1
+    steps, _ = schedule(token_budgets(CASES_BY_NAME[run["case"]], MAX_TOKENS))
+    prefill_steps, _ = schedule(token_budgets(CASES_BY_NAME[run["case"]], 1))
+    decode_steps = steps - prefill_steps  # the op times after the calls of a prefill-only run
     decode_s = run["decode_s"]
-    prefill_tps = run["prompt_tokens"] / run["prefill_s"]
-    decode_tps = run["num_prompts"] * decode_steps / decode_s
+    prefill_tps = run["prefill_tokens"] / run["prefill_s"]
+    decode_tps = run["decode_tokens"] / decode_s
     per_step = {op: v["decode_us"] / decode_steps for op, v in run["total_ops"].items()}
     attention_us = sum(per_step.values())
-    step_us = decode_s / decode_steps * 1e6
+    step_us = decode_s / (steps - 1) * 1e6
     top = ", ".join(f"{op.removesuffix('_cpu')} {us:.0f}" for op, us in sorted(per_step.items(), key=lambda kv: -kv[1]))
     return [f"  {run['mode']:<8} prefill {prefill_tps:7.0f} tok/s   decode {decode_tps:6.1f} tok/s "
             f"({step_us / 1e3:.1f} ms/step, attention ops {attention_us / 1e3:.2f} ms = "
@@ -327,7 +381,7 @@ def main() -> int:
                              baseline_indexer=case.baseline_indexer)
             cand = run_child(case, model, case.candidate_mode, model / "cand.json", plant=args.plant_fault)
             failures, worst, compared = compare_tokens(base, cand)
-            failures += check_calls(case, base) + check_calls(case, cand)
+            failures += check_calls(case, base, cand)
             lens = [case.long_prompt, *case.short_prompts]
             print(f"{case.name}: heads {case.heads}, ratios {case.compress_ratios}, index top-k {case.index_topk}, "
                   f"prompts {lens}; {base['mode']} vs {cand['mode']}: {compared} tokens compared, largest "
