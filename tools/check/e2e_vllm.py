@@ -1,9 +1,10 @@
 """End to end inside the real vLLM engine: tiny DeepSeek-V4 models served on the CPU with dsv4's plugin.
 
 Each case writes a tiny config, then runs vLLM offline (``load_format="dummy"``, token-id prompts, greedy; four
-prompts on three sequence slots, so the steps are prefill-only, decode-only and mixed) twice in child processes: a baseline (vLLM's own kernels on dsv4's eager metadata, ``DSV4_VLLM=metadata``)
-and dsv4's kernels (``kernels``, or ``full`` for the V4-Pro shape whose index top-k of 1024 vLLM's CPU
-indexer cannot run; its baseline runs dsv4's indexer with vLLM's other kernels). Checks:
+prompts on three sequence slots, so the steps are prefill-only, decode-only and mixed) twice in child processes:
+a baseline (vLLM's own kernels on dsv4's eager metadata, ``DSV4_VLLM=metadata``) and dsv4's kernels
+(``kernels``, or ``full`` for the V4-Pro shape whose index top-k of 1024 vLLM's CPU indexer cannot run; its
+baseline runs dsv4's indexer with vLLM's other kernels). Checks:
 
 (a) the same greedy tokens, and per-step logprobs of the chosen tokens within LOGPROB_TOLERANCE; where a
     token differs, the prompt's comparison ends there, and it counts as a failure unless the baseline's
@@ -265,9 +266,9 @@ def run_child(case: Case, model: Path, mode: str, out: Path, *, baseline_indexer
     return json.loads(out.read_text())
 
 
-def compare_tokens(base: dict, cand: dict) -> tuple[list[str], float, int]:
-    """(failures, largest chosen-token logprob difference, tokens compared)."""
-    failures, worst, compared = [], 0.0, 0
+def compare_tokens(base: dict, cand: dict) -> tuple[list[str], float, int, int]:
+    """(failures, largest chosen-token logprob difference, tokens compared, prompts parted at a tie)."""
+    failures, worst, compared, ties = [], 0.0, 0, 0
     for p, (b_rows, c_rows) in enumerate(zip(base["steps"], cand["steps"], strict=True)):
         for s, (b, c) in enumerate(zip(b_rows, c_rows, strict=True)):
             if b["token"] != c["token"]:
@@ -275,13 +276,14 @@ def compare_tokens(base: dict, cand: dict) -> tuple[list[str], float, int]:
                 if gap > TIE_MARGIN:
                     failures.append(f"prompt {p} step {s}: token {c['token']} instead of {b['token']} "
                                     f"(baseline top-2 gap {gap:.3f} > {TIE_MARGIN})")
+                ties += gap <= TIE_MARGIN
                 break  # the continuations differ from here on
             compared += 1
             diff = abs(b["logprob"] - c["logprob"])
             worst = max(worst, diff)
             if diff > LOGPROB_TOLERANCE:
                 failures.append(f"prompt {p} step {s}: logprob {c['logprob']:.4f} vs {b['logprob']:.4f}")
-    return failures, worst, compared
+    return failures, worst, compared, ties
 
 
 INDEXER_OPS = ("fused_indexer_q_rope_quant_cpu", "fp8_paged_mqa_logits_cpu", "topk_transform_512_cpu", INDEXER_OP)
@@ -380,12 +382,12 @@ def main() -> int:
             base = run_child(case, model, case.baseline_mode, model / "base.json",
                              baseline_indexer=case.baseline_indexer)
             cand = run_child(case, model, case.candidate_mode, model / "cand.json", plant=args.plant_fault)
-            failures, worst, compared = compare_tokens(base, cand)
+            failures, worst, compared, ties = compare_tokens(base, cand)
             failures += check_calls(case, base, cand)
             lens = [case.long_prompt, *case.short_prompts]
             print(f"{case.name}: heads {case.heads}, ratios {case.compress_ratios}, index top-k {case.index_topk}, "
-                  f"prompts {lens}; {base['mode']} vs {cand['mode']}: {compared} tokens compared, largest "
-                  f"logprob difference {worst:.4f}; {'PASS' if not failures else 'FAIL'}")
+                  f"prompts {lens}; {base['mode']} vs {cand['mode']}: {compared} tokens equal, {ties} prompt(s) "
+                  f"parted at a tie, largest logprob difference {worst:.4f}; {'PASS' if not failures else 'FAIL'}")
             print(f"  dsv4 took over ({cand['mode']}): {len(cand['taken_over'])} names; op calls "
                   + ", ".join(f"{op.removesuffix('_cpu')} {int(v['calls'])}"
                               for op, v in sorted(cand['total_ops'].items())))
