@@ -75,8 +75,8 @@ def register() -> None:
     global _taken_over
     if _taken_over is not None:
         return
+    mode = mode_from_env()  # a bad value raises here, naming the accepted ones
     _taken_over = []
-    mode = mode_from_env()
     if mode is Mode.OFF:
         return
     try:
@@ -87,13 +87,13 @@ def register() -> None:
     if not tested(vllm.__version__):
         lo, hi = (".".join(map(str, r)) for r in TESTED_VLLM)
         _log(logging.WARNING, "dsv4: vLLM %s is outside the tested range [%s, %s); leaving vLLM untouched",
-                       vllm.__version__, lo, hi)
+             vllm.__version__, lo, hi)
         return
     if not current_platform.is_cpu():
         return
     _taken_over = _install(mode, current_platform)
     _log(logging.INFO, "dsv4 %s (%s=%s) took over: %s", _dsv4_version(), ENV_VAR, mode.value,
-                   ", ".join(name.rsplit(".", 1)[-1] for name in _taken_over))
+         ", ".join(name.rsplit(".", 1)[-1] for name in _taken_over))
 
 
 def _install(mode: Mode, platform) -> list[str]:
