@@ -77,4 +77,4 @@ hip-compile-check: $(VENV)/.deps
 	PYTHON=$(PY) tools/check/hip_compile_check.sh
 
 clean:
-	rm -rf build $(VENV) $(VLLM_VENV) .peer python/dsv4/*.so
+	rm -rf build $(VENV) $(VLLM_VENV) .peer python/dsv4/*.so python/*.egg-info

@@ -28,34 +28,65 @@ def info(as_json: bool) -> None:
         print(f"{key:26s} {value}")
 
 
+def prompt_lengths(text: str) -> list[int]:
+    """``--prompts``: comma-separated positive token counts."""
+    try:
+        lengths = [int(n) for n in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated token counts such as 2200,700, got {text!r}") from None
+    if min(lengths) < 1:
+        raise argparse.ArgumentTypeError(f"prompt lengths must be positive, got {text!r}")
+    return lengths
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dsv4", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m dsv4", description=__doc__.replace("``", "'"))
+    parser.add_argument("--version", action="version", version=f"dsv4 {dsv4.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    defaults = argparse.ArgumentDefaultsHelpFormatter
     p_info = sub.add_parser("info", help="version, torch, CPU tiers, threads, CUDA kernels")
-    p_info.add_argument("--json", action="store_true")
-    p_demo = sub.add_parser("demo", help="DSv4-Flash attention layers: prefill + decode of a batch, checked")
-    p_demo.add_argument("--prompts", default=DEMO_PROMPTS, help="comma-separated prompt lengths, one per request")
-    p_demo.add_argument("--decode-steps", type=int, default=DEMO_DECODE_STEPS)
-    p_demo.add_argument("--layers", type=int, default=DEMO_LAYERS, help="first N layers of the preset")
-    p_demo.add_argument("--step-tokens", type=int, default=DEMO_STEP_TOKENS, help="prefill tokens per step")
-    p_demo.add_argument("--preset", default="v4-flash", choices=sorted(PRESETS))
-    p_demo.add_argument("--seed", type=int, default=0)
+    p_info.add_argument("--json", action="store_true", help="print the build information as JSON")
+    p_demo = sub.add_parser("demo", help="DSv4-Flash attention layers: prefill + decode of a batch, checked",
+                            formatter_class=defaults)
+    p_demo.add_argument("--prompts", type=prompt_lengths, default=DEMO_PROMPTS,
+                        help="comma-separated prompt lengths, one per request")
+    p_demo.add_argument("--decode-steps", type=positive, default=DEMO_DECODE_STEPS,
+                        help="decode steps after the prefill (one token per request each)")
+    p_demo.add_argument("--layers", type=positive, default=argparse.SUPPRESS,
+                        help=f"first N layers of the preset ({DEMO_LAYERS}, or all if it has fewer)")
+    p_demo.add_argument("--step-tokens", type=positive, default=DEMO_STEP_TOKENS,
+                        help="prefill tokens per step (the chunked-prefill budget)")
+    p_demo.add_argument("--preset", default="v4-flash", choices=sorted(PRESETS), help="model shape")
+    p_demo.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
     p_bench = sub.add_parser("bench", help="time the CPU ops against the reference and the vLLM peer")
     p_bench.add_argument("--op", choices=["all", *BENCH_GROUPS, "gpu"], default="all",
                          help="a CPU case group, all of them, or gpu (the CUDA kernels on the current GPU)")
     p_bench.add_argument("--quick", action="store_true", help="small shapes (a smoke run)")
     p_bench.add_argument("--no-reference", action="store_true", help="skip timing the (slow) references")
-    p_bench.add_argument("--json", action="store_true")
+    p_bench.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
     if args.command == "info":
         info(args.json)
     elif args.command == "demo":
         from .model.demo import run_demo
 
-        prompts = [int(n) for n in args.prompts.split(",")]
-        if min(prompts) < 1 or args.decode_steps < 1 or args.layers < 1 or args.step_tokens < 1:
-            parser.error("demo: prompt lengths, --decode-steps, --layers and --step-tokens must be positive")
-        passed = run_demo(prompts, args.decode_steps, args.layers, args.step_tokens, args.preset, args.seed)
+        layers = len(PRESETS[args.preset].compress_ratios)
+        requested = getattr(args, "layers", None)  # absent: the default depends on the preset
+        if requested is not None and requested > layers:
+            p_demo.error(f"--layers {requested}: the {args.preset} preset has {layers} layers")
+        num_layers = requested or min(DEMO_LAYERS, layers)
+        passed = run_demo(args.prompts, args.decode_steps, num_layers, args.step_tokens, args.preset, args.seed)
         print("check passed" if passed else "check FAILED")
         return 0 if passed else 1
     elif args.command == "bench":

@@ -41,8 +41,17 @@ def aligned_page_bytes(entries_per_page: int, bytes_per_entry: int, alignment: i
     return math.ceil(entries_per_page * bytes_per_entry / alignment) * alignment
 
 
+def _check_geometry(num_blocks: int | None, block_size: int) -> None:
+    """Names the argument a cache allocation cannot take (before torch would say it in its own words)."""
+    if num_blocks is not None and (not isinstance(num_blocks, int) or num_blocks < 0):
+        raise ValueError(f"num_blocks must be an int >= 0, got {num_blocks!r}")
+    if not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size (tokens per page) must be an int >= 1, got {block_size!r}")
+
+
 def kv_page_bytes(block_size: int, layout: str = "model1") -> int:
     """Padded page bytes of a MODEL1 (584 B/token) or V32 (656 B/token) KV cache."""
+    _check_geometry(None, block_size)
     if layout not in KV_LAYOUTS:
         raise ValueError(f"unknown KV layout {layout!r}; supported: {sorted(KV_LAYOUTS)}")
     return aligned_page_bytes(block_size, KV_LAYOUTS[layout])
@@ -50,6 +59,7 @@ def kv_page_bytes(block_size: int, layout: str = "model1") -> int:
 
 def indexer_k_page_bytes(block_size: int = 64) -> int:
     """Padded page bytes of the indexer K cache (132 B/entry)."""
+    _check_geometry(None, block_size)
     return aligned_page_bytes(block_size, INDEXER_K_BYTES_PER_ENTRY)
 
 
@@ -69,11 +79,13 @@ def compressor_state_page_bytes(block_size: int, head_dim: int, compress_ratio: 
 
 def allocate_kv_cache(num_blocks: int, block_size: int, layout: str = "model1", device=None) -> torch.Tensor:
     """uint8 ``[num_blocks, page_bytes]`` MODEL1 or V32 cache (zero-filled)."""
+    _check_geometry(num_blocks, block_size)
     return torch.zeros(num_blocks, kv_page_bytes(block_size, layout), dtype=torch.uint8, device=device)
 
 
 def allocate_indexer_k_cache(num_blocks: int, block_size: int = 64, device=None) -> torch.Tensor:
     """uint8 ``[num_blocks, page_bytes]`` indexer K cache (zero-filled)."""
+    _check_geometry(num_blocks, block_size)
     return torch.zeros(num_blocks, indexer_k_page_bytes(block_size), dtype=torch.uint8, device=device)
 
 
@@ -81,6 +93,7 @@ def allocate_compressor_state(
     num_blocks: int, block_size: int, head_dim: int, compress_ratio: int, device=None
 ) -> torch.Tensor:
     """fp32 ``[num_blocks, block_size, 2*coff*head_dim]`` state cache with a 576-byte-aligned page stride."""
+    _check_geometry(num_blocks, block_size)
     row = compressor_state_row_floats(head_dim, compress_ratio)
     page_floats = compressor_state_page_bytes(block_size, head_dim, compress_ratio) // FP32_BYTES
     pages = torch.zeros(num_blocks, page_floats, dtype=torch.float32, device=device)

@@ -29,7 +29,7 @@ def test_page_bytes(what, compute, expected):
 def test_bad_geometry_raises():
     with pytest.raises(ValueError, match="unknown KV layout"):
         cache.kv_page_bytes(64, "fp16")
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ValueError, match=re.escape("block_size (tokens per page) must be an int >= 1, got 0")):
         cache.kv_page_bytes(0)
 
 
@@ -104,3 +104,19 @@ def test_page_alignments_agree_and_include_the_one_dsv4_allocates_with():
     alignments = re.search(r"kPageAlignments\[2\] = \{(\d+), (\d+)\}", LAYOUT_HEADER.read_text())
     assert (int(alignments.group(1)), int(alignments.group(2))) == C.PAGE_ALIGNMENTS
     assert C.CACHE_ALIGNMENT in C.PAGE_ALIGNMENTS
+
+
+@pytest.mark.parametrize(("allocate", "message"), [
+    (lambda: cache.allocate_kv_cache(-1, 64), "num_blocks must be an int >= 0, got -1"),
+    (lambda: cache.allocate_kv_cache(4, 0), "block_size (tokens per page) must be an int >= 1, got 0"),
+    (lambda: cache.allocate_indexer_k_cache(4, -64), "block_size (tokens per page) must be an int >= 1, got -64"),
+    (lambda: cache.allocate_compressor_state(2.0, 4, 512, 4), "num_blocks must be an int >= 0, got 2.0"),
+    (lambda: cache.kv_page_bytes(0), "block_size (tokens per page) must be an int >= 1, got 0"),
+])
+def test_allocation_names_the_bad_argument(allocate, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        allocate()
+
+
+def test_zero_blocks_allocate_an_empty_cache():
+    assert cache.allocate_kv_cache(0, 64).shape == (0, cache.kv_page_bytes(64))

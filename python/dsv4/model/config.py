@@ -61,7 +61,12 @@ class DeepseekV4AttentionConfig:
         return len(self.compress_ratios)
 
     def first_layers(self, count: int) -> DeepseekV4AttentionConfig:
-        """The same model cut to its first ``count`` layers."""
+        """The same model cut to its first ``count`` layers (all of them: its own name)."""
+        layers = len(self.compress_ratios)
+        if not 1 <= count <= layers:
+            raise ValueError(f"{self.name} has {layers} layers: the first {count} cannot be taken")
+        if count == layers:
+            return self
         return replace(self, name=f"{self.name}[:{count}]", compress_ratios=self.compress_ratios[:count])
 
     @classmethod
