@@ -53,3 +53,39 @@ def test_demo_help_has_no_rst_markup(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "``" not in capsys.readouterr().out
+
+
+LONG_TINY = ["demo", "--preset", "tiny", "--prompts", "2300,40", "--decode-steps", "1", "--step-tokens", "1024"]
+
+
+def test_check_passes_where_the_indexer_selects(capsys):
+    """2300 tokens: 575 compressed entries, more than the top-512, so the C4A selection is checked."""
+    assert main(LONG_TINY) == 0
+    out = capsys.readouterr().out
+    assert "request 0: selection recall" in out and "check passed" in out
+
+
+def test_check_fails_on_a_wrong_selection(capsys, monkeypatch):
+    """A planted fault: the decode top-k takes the lowest-scoring entries."""
+    from dsv4 import ops
+
+    exact = ops.topk_transform
+    monkeypatch.setattr(ops, "topk_transform", lambda logits, *args, **kwargs: exact(-logits, *args, **kwargs))
+    assert main(LONG_TINY) == 1
+    out = capsys.readouterr().out
+    assert "request 0: selection recall" in out and "FAIL" in out and "check FAILED" in out
+
+
+def test_check_fails_on_a_wrong_attention_output(capsys, monkeypatch):
+    """A planted fault: the sparse MLA decode output 10 % too large."""
+    from dsv4 import ops
+
+    exact = ops.sparse_mla_decode
+
+    def scaled(*args, **kwargs):
+        out, lse = exact(*args, **kwargs)
+        return out * 1.1, lse
+
+    monkeypatch.setattr(ops, "sparse_mla_decode", scaled)
+    assert main(LONG_TINY) == 1
+    assert "check FAILED" in capsys.readouterr().out

@@ -74,30 +74,52 @@ def compressed_entries(x: torch.Tensor, weights: dict, prefix: str, ratio: int, 
     return apply_rope(normed, torch.arange(count) * ratio, cos_sin)
 
 
-def _indexer_selection(x, qr, weights, query_positions, config, cos_sin, count, fp8_storage) -> torch.Tensor:
-    """bool ``[Q, count]``: the top-k of each query's visible entries by indexer score."""
+def indexer_scores(layer, hidden: torch.Tensor, query_positions: torch.Tensor, fp8_storage: bool = False
+                   ) -> torch.Tensor:
+    """fp32 ``[Q, L // 4]`` lightning-indexer scores of a C4A ``layer``'s compressed entries for the tokens at
+    ``query_positions`` of one request (inputs ``hidden [L, hidden_size]``); entries a query cannot see are -inf."""
+    config = layer.config
+    weights = {name: value.float().cpu() for name, value in layer.state_dict().items()}
+    cos_sin, eps = layer.cos_sin_cache.cpu(), config.rms_norm_eps
+    x, queries = hidden.float().cpu(), query_positions.long().cpu()
+    qr = _rms((x[queries] @ weights["wqa_wkv"].T)[:, : config.q_lora_rank], weights["q_norm"], eps)
     heads, dim = config.index_n_heads, INDEXER_HEAD_DIM
-    keys = compressed_entries(x, weights, "indexer.compressor.", C4_RATIO, dim, config.rms_norm_eps, cos_sin)
+    keys = compressed_entries(x, weights, "indexer.compressor.", C4_RATIO, dim, eps, cos_sin)
     q = (qr @ weights["indexer.wq_b"].T).view(-1, heads, dim)
-    head_weights = x[query_positions] @ weights["indexer.weights_proj"].T
+    head_weights = x[queries] @ weights["indexer.weights_proj"].T
     if fp8_storage:
-        q_fp8, head_weights = indexer_q_rope_quant(q, query_positions, cos_sin, head_weights, dim**-0.5, heads**-0.5)
+        q_fp8, head_weights = indexer_q_rope_quant(q, queries, cos_sin, head_weights, dim**-0.5, heads**-0.5)
         q, keys = q_fp8.float(), indexer_round_trip(keys)
     else:
-        q, head_weights = apply_rope(q, query_positions, cos_sin), head_weights * dim**-0.5 * heads**-0.5
+        q, head_weights = apply_rope(q, queries, cos_sin), head_weights * dim**-0.5 * heads**-0.5
     scores = torch.einsum("qh,qhc->qc", head_weights, torch.relu(torch.einsum("qhd,cd->qhc", q, keys)))
-    visible = torch.arange(count) < ((query_positions + 1) // C4_RATIO)[:, None]
-    scores = scores.masked_fill(~visible, float("-inf"))
-    top = scores.topk(min(config.index_topk, count), dim=-1).indices if count else scores.new_empty(0, 0).long()
-    chosen = torch.zeros_like(visible)
-    chosen.scatter_(1, top, True)
-    return chosen & visible
+    visible = torch.arange(keys.shape[0]) < ((queries + 1) // C4_RATIO)[:, None]
+    return scores.masked_fill(~visible, float("-inf"))
 
 
-def dense_attention(layer, hidden: torch.Tensor, query_positions: torch.Tensor, fp8_storage: bool = False
-                    ) -> torch.Tensor:
+def top_entries(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """bool ``[Q, count]``: each row's k best visible entries (all of them when it sees k or fewer)."""
+    chosen = torch.zeros(scores.shape, dtype=torch.bool)
+    if scores.shape[1]:
+        chosen.scatter_(1, scores.topk(min(k, scores.shape[1]), dim=-1).indices, True)
+    return chosen & (scores > float("-inf"))
+
+
+def selection_mask(indices: torch.Tensor, count: int) -> torch.Tensor:
+    """bool ``[Q, count]`` from int ``[Q, k]`` entry indices (-1 pads)."""
+    indices = indices.long().cpu()
+    chosen = torch.zeros(indices.shape[0], count + 1, dtype=torch.bool)
+    chosen.scatter_(1, torch.where(indices >= 0, indices, count), True)
+    return chosen[:, :count]
+
+
+def dense_attention(layer, hidden: torch.Tensor, query_positions: torch.Tensor, fp8_storage: bool = False,
+                    selection: torch.Tensor | None = None) -> torch.Tensor:
     """fp32 ``[Q, hidden_size]`` outputs of ``layer`` (a :class:`dsv4.model.layer.DeepseekV4Attention`) for the tokens
-    at ``query_positions`` of one request whose token inputs are ``hidden [L, hidden_size]`` (positions 0..L-1)."""
+    at ``query_positions`` of one request whose token inputs are ``hidden [L, hidden_size]`` (positions 0..L-1).
+
+    A C4A layer attends the top-k of its float indexer scores, or, given ``selection`` (int ``[Q, k]`` entry
+    indices, -1 pads: e.g. the kernels' choice), exactly those entries."""
     config, ratio = layer.config, layer.compress_ratio
     weights = {name: value.float().cpu() for name, value in layer.state_dict().items()}  # computed on the CPU
     cos_sin, eps = layer.cos_sin_cache.cpu(), config.rms_norm_eps
@@ -114,8 +136,10 @@ def dense_attention(layer, hidden: torch.Tensor, query_positions: torch.Tensor, 
     if ratio > 1:
         entries = stored(compressed_entries(x, weights, "compressor.", ratio, config.head_dim, eps, cos_sin))
         count = entries.shape[0]
-        if ratio == C4_RATIO:
-            chosen = _indexer_selection(x, qr[queries], weights, queries, config, cos_sin, count, fp8_storage)
+        if ratio == C4_RATIO and selection is not None:
+            chosen = selection_mask(selection, count)
+        elif ratio == C4_RATIO:
+            chosen = top_entries(indexer_scores(layer, hidden, query_positions, fp8_storage), config.index_topk)
         else:
             chosen = torch.arange(count) < ((queries + 1) // ratio)[:, None]
         keys, attended = torch.cat([keys, entries]), torch.cat([attended, chosen], dim=1)
