@@ -31,7 +31,7 @@ peer: $(VENV)/.deps
 	PYTHON=$(PY) tools/check/fetch_vllm_peer.sh || echo "vLLM CPU peer unavailable: peer tests will be skipped"
 
 test: $(VENV)/.built peer
-	$(PY) -m pytest -q -ra tests
+	$(PY) -m pytest -q -rfE tests
 
 lint: $(VENV)/.deps
 	$(VENV)/bin/ruff check python tests tools

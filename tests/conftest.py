@@ -165,3 +165,16 @@ def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.where(bits < 0, -(bits & magnitude), bits)
 
     return (ordinal(a) - ordinal(b)).abs()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Skips counted per reason, one line each (a tier this CPU lacks is one line, not one per test)."""
+    reasons: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    if reasons:
+        terminalreporter.section("skipped, by reason")
+        for reason, count in sorted(reasons.items(), key=lambda item: -item[1]):
+            terminalreporter.write_line(f"{count:6d}  {reason}")

@@ -46,6 +46,14 @@ def test_env_forces_tier(isa):
         assert "does not support it" in result.stderr
 
 
+@pytest.mark.parametrize("isa", ["sse9", *[i for i in dsv4.CPU_ISAS if i not in SUPPORTED_ISAS]])
+def test_env_tier_this_cpu_cannot_run_fails_at_import(isa):
+    result = run_python("import dsv4", DSV4_CPU_ISA=isa)
+    assert result.returncode != 0
+    assert f"ImportError: DSV4_CPU_ISA='{isa}': dsv4: " in result.stderr
+    assert "supported: " in result.stderr or "unknown CPU ISA" in result.stderr
+
+
 def test_unknown_tier_is_a_clear_error():
     with pytest.raises(RuntimeError, match="unknown CPU ISA 'sse9'"):
         torch.ops.dsv4._set_cpu_isa("sse9")

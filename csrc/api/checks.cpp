@@ -25,6 +25,12 @@ void check_dtype(Arg a, const Tensor& t, std::initializer_list<ScalarType> allow
              torch::headeronly::toString(t.scalar_type()));
 }
 
+void check_same_dtype(Arg a, const Tensor& t, const char* like_name, const Tensor& like) {
+  DSV4_CHECK(t.scalar_type() == like.scalar_type(), a.op, "argument '", a.name, "' is ",
+             torch::headeronly::toString(t.scalar_type()), " but argument '", like_name, "' is ",
+             torch::headeronly::toString(like.scalar_type()), ": they must have the same dtype");
+}
+
 void check_dim(Arg a, const Tensor& t, int64_t dim) {
   DSV4_CHECK(t.dim() == dim, a.op, "argument '", a.name, "' must have ", dim, " dimensions, got shape ", shape_str(t));
 }

@@ -47,6 +47,8 @@ struct Arg {
 
 std::string shape_str(const Tensor& t);
 void check_dtype(Arg a, const Tensor& t, std::initializer_list<ScalarType> allowed);
+// t must have like's dtype; the message names both arguments and both dtypes (either may be the wrong one).
+void check_same_dtype(Arg a, const Tensor& t, const char* like_name, const Tensor& like);
 void check_dim(Arg a, const Tensor& t, int64_t dim);
 void check_size(Arg a, const Tensor& t, int64_t d, int64_t expected);
 void check_last_dim_contiguous(Arg a, const Tensor& t);

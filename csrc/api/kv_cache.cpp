@@ -69,7 +69,7 @@ void qnorm_rope_kv_insert(Tensor q, Tensor kv, Tensor positions, Tensor cos_sin_
   check_last_dim_contiguous({op, "q"}, q);
   check_dim({op, "kv"}, kv, 2);
   check_size({op, "kv"}, kv, 1, kModel1HeadDim);
-  check_dtype({op, "kv"}, kv, {q.scalar_type()});
+  check_same_dtype({op, "kv"}, kv, "q", q);
   check_last_dim_contiguous({op, "kv"}, kv);
   p.positions = index_view({op, "positions"}, positions, 1);
   check_size({op, "positions"}, positions, 0, q.size(0));

@@ -8,11 +8,18 @@ shapes and dtypes are in :mod:`dsv4.ops`; the executable specification is :mod:`
 from __future__ import annotations
 
 import importlib
+import os
 
 import torch
 
 from . import _C  # noqa: F401  (registers the schemas and the CPU kernels)
 from ._version import __version__
+
+if os.environ.get("DSV4_CPU_ISA"):  # a forced tier this CPU cannot run fails here, not at the first op call
+    try:
+        torch.ops.dsv4.cpu_isa()
+    except RuntimeError as exc:
+        raise ImportError(f"DSV4_CPU_ISA={os.environ['DSV4_CPU_ISA']!r}: {exc}") from None
 
 _cuda_load_error: str | None = None
 try:
