@@ -80,11 +80,15 @@ def indexer_scores(layer, hidden: torch.Tensor, query_positions: torch.Tensor, f
     ``query_positions`` of one request (inputs ``hidden [L, hidden_size]``); entries a query cannot see are -inf."""
     config = layer.config
     weights = {name: value.float().cpu() for name, value in layer.state_dict().items()}
-    cos_sin, eps = layer.cos_sin_cache.cpu(), config.rms_norm_eps
     x, queries = hidden.float().cpu(), query_positions.long().cpu()
-    qr = _rms((x[queries] @ weights["wqa_wkv"].T)[:, : config.q_lora_rank], weights["q_norm"], eps)
+    qr = _rms((x[queries] @ weights["wqa_wkv"].T)[:, : config.q_lora_rank], weights["q_norm"], config.rms_norm_eps)
+    return _indexer_scores(x, qr, weights, queries, config, layer.cos_sin_cache.cpu(), fp8_storage)
+
+
+def _indexer_scores(x, qr, weights, queries, config, cos_sin, fp8_storage) -> torch.Tensor:
+    """:func:`indexer_scores` from the fp32 inputs, weights and normed q latents of the queries."""
     heads, dim = config.index_n_heads, INDEXER_HEAD_DIM
-    keys = compressed_entries(x, weights, "indexer.compressor.", C4_RATIO, dim, eps, cos_sin)
+    keys = compressed_entries(x, weights, "indexer.compressor.", C4_RATIO, dim, config.rms_norm_eps, cos_sin)
     q = (qr @ weights["indexer.wq_b"].T).view(-1, heads, dim)
     head_weights = x[queries] @ weights["indexer.weights_proj"].T
     if fp8_storage:
@@ -139,7 +143,8 @@ def dense_attention(layer, hidden: torch.Tensor, query_positions: torch.Tensor, 
         if ratio == C4_RATIO and selection is not None:
             chosen = selection_mask(selection, count)
         elif ratio == C4_RATIO:
-            chosen = top_entries(indexer_scores(layer, hidden, query_positions, fp8_storage), config.index_topk)
+            scores = _indexer_scores(x, qr[queries], weights, queries, config, cos_sin, fp8_storage)
+            chosen = top_entries(scores, config.index_topk)
         else:
             chosen = torch.arange(count) < ((queries + 1) // ratio)[:, None]
         keys, attended = torch.cat([keys, entries]), torch.cat([attended, chosen], dim=1)

@@ -22,6 +22,13 @@ def _request_of_tokens(query_start_loc: torch.Tensor, tokens: torch.Tensor, num_
     return torch.searchsorted(ends, tokens.long(), right=True).clamp(max=max(num_reqs - 1, 0))
 
 
+def _positions(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, reqs: torch.Tensor, tokens: torch.Tensor
+               ) -> torch.Tensor:
+    """int64 position of each token in its request: the context before the request's queries plus its offset."""
+    qsl = query_start_loc.long()
+    return seq_lens.long()[reqs] - (qsl[reqs + 1] - qsl[reqs]) + tokens - qsl[reqs]
+
+
 def _block_slots(local: torch.Tensor, req_ids: torch.Tensor, block_table: torch.Tensor, block_size: int
                  ) -> torch.Tensor:
     """Global slots of request-local positions ``[rows, cols]`` (negative stays -1)."""
@@ -44,8 +51,7 @@ def indexer_decode_metadata(query_start_loc, seq_lens, block_table, output_seq_l
     reqs = _request_of_tokens(query_start_loc, tokens, num_reqs)
     actual = int(qsl[num_reqs])
     valid = tokens < actual
-    start, end = qsl[reqs], qsl[reqs + 1]
-    lengths = seq_lens.long()[reqs] - (end - start) + tokens - start + 1
+    lengths = _positions(query_start_loc, seq_lens, reqs, tokens) + 1
     output_seq_lens[:num_tokens].copy_(torch.where(valid, lengths, 0))
     output_seq_lens[num_tokens:capacity].zero_()
     decode_lens[:num_tokens].fill_(1)
@@ -74,9 +80,7 @@ def swa_indices_and_lens(swa_indices, swa_lens, window_size, index_width, left_v
     tokens = torch.arange(token_offset, token_offset + num_tokens, device=swa_lens.device)
     valid = is_valid_token[tokens]
     reqs = token_to_req_indices[tokens].long()
-    qsl = query_start_loc.long()
-    query_start = qsl[reqs]
-    pos = seq_lens.long()[reqs] - (qsl[reqs + 1] - query_start) + tokens - query_start
+    pos = _positions(query_start_loc, seq_lens, reqs, tokens)
     left = left_visible.long()[tokens] if has_image else torch.zeros_like(pos)
     right = right_visible.long()[tokens] if has_image else torch.zeros_like(pos)
     start = (pos - (window_size - 1) - (left - (window_size - 1)).clamp(min=0)).clamp(min=0)
@@ -99,7 +103,7 @@ def compressed_slot_mapping(compressed_slot_mapping, slot_mapping, query_start_l
         return
     tokens = torch.arange(num_tokens, device=slot_mapping.device)
     reqs = _request_of_tokens(query_start_loc, tokens, num_reqs)
-    pos = seq_lens.long()[reqs] - (qsl[reqs + 1] - qsl[reqs]) + tokens - qsl[reqs]
+    pos = _positions(query_start_loc, seq_lens, reqs, tokens)
     valid = ((pos + 1) % compress_ratio == 0) & (slot_mapping[:num_tokens] != -1)
     local_pos = pos // (cp_interleave * dcp_world_size) * cp_interleave + pos % cp_interleave
     local = torch.where(valid, local_pos // compress_ratio, -1)
@@ -117,9 +121,7 @@ def prefill_chunk_metadata(query_start_loc, uncompressed_seq_lens, cu_compressed
     qsl = query_start_loc.long()[: num_reqs + 1]
     tokens = torch.arange(int(qsl[0]), int(qsl[num_reqs]), device=token_to_seq.device)
     reqs = _request_of_tokens(query_start_loc, tokens, num_reqs)
-    offset = tokens - qsl[reqs]
-    start_pos = uncompressed_seq_lens.long()[reqs] - (qsl[reqs + 1] - qsl[reqs])
-    per_token = (start_pos + 1 + offset) // COMPRESS_RATIO
+    per_token = (_positions(query_start_loc, uncompressed_seq_lens, reqs, tokens) + 1) // COMPRESS_RATIO
     if DCP_WORLD > 1:  # this rank's share of an interleaved context
         base = per_token // DCP_INTERLEAVE // DCP_WORLD * DCP_INTERLEAVE
         rest = (per_token - base * DCP_WORLD - DCP_RANK * DCP_INTERLEAVE).clamp(min=0, max=DCP_INTERLEAVE)
