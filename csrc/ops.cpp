@@ -14,6 +14,10 @@ STABLE_TORCH_LIBRARY(dsv4, m) {
   // ---- KV-cache writers and helpers ----
   m.def("qnorm_rope_kv_insert(Tensor q, Tensor kv, Tensor positions, Tensor cos_sin_cache, Tensor slot_mapping, "
         "Tensor(a!) kv_cache, int block_size, float eps, Tensor(b!) q_out) -> ()");
+  // V4.1: q_norm False (RoPE only) and the kv record named (model1, v41_fp8, v41_fp4) with its placement.
+  m.def("qnorm_rope_kv_insert.layout(Tensor q, Tensor kv, Tensor positions, Tensor cos_sin_cache, "
+        "Tensor slot_mapping, Tensor(a!) kv_cache, int block_size, float eps, Tensor(b!) q_out, bool q_norm, "
+        "str layout, str placement) -> ()");
   m.def("indexer_q_rope_quant(Tensor q, Tensor positions, Tensor cos_sin_cache, Tensor weights, float softmax_scale, "
         "float head_scale, Tensor(a!) q_fp8, Tensor(b!) weights_out) -> ()");
   m.def("save_partial_states(Tensor kv, Tensor score, Tensor ape, Tensor positions, Tensor(a!) state_cache, "
@@ -21,11 +25,20 @@ STABLE_TORCH_LIBRARY(dsv4, m) {
   m.def("compress_norm_rope_store(Tensor state_cache, Tensor gather_slots, Tensor positions, Tensor kv_slot_mapping, "
         "Tensor rms_norm_weight, float rms_norm_eps, Tensor cos_sin_cache, Tensor(a!) kv_cache, int block_size, "
         "int compress_ratio) -> ()");
+  // The same into any 512-dim record (model1, v41_fp8, v41_fp4) in either V4.1 placement (page_split, per_token).
+  m.def("compress_norm_rope_store.layout(Tensor state_cache, Tensor gather_slots, Tensor positions, "
+        "Tensor kv_slot_mapping, Tensor rms_norm_weight, float rms_norm_eps, Tensor cos_sin_cache, Tensor(a!) kv_cache, "
+        "int block_size, int compress_ratio, str layout, str placement) -> ()");
   m.def("compress_norm_rope_store_indexer(Tensor state_cache, Tensor gather_slots, Tensor positions, "
         "Tensor kv_slot_mapping, Tensor rms_norm_weight, float rms_norm_eps, Tensor cos_sin_cache, Tensor(a!) kv_cache, "
         "int block_size, int compress_ratio) -> ()");
   m.def("quantize_kv_insert(Tensor kv, Tensor slot_mapping, Tensor(a!) kv_cache, int block_size) -> ()");
   m.def("dequantize_kv_gather(Tensor kv_cache, Tensor slots, int block_size, int head_dim) -> Tensor");
+  // Overloads naming the record (model1, v32, v41_fp8, v41_fp4; "auto": by head dim) and the V4.1 placement.
+  m.def("quantize_kv_insert.layout(Tensor kv, Tensor slot_mapping, Tensor(a!) kv_cache, int block_size, str layout, "
+        "str placement) -> ()");
+  m.def("dequantize_kv_gather.layout(Tensor kv_cache, Tensor slots, int block_size, str layout, str placement) "
+        "-> Tensor");
   m.def("indexer_k_quant_insert(Tensor k, Tensor slot_mapping, Tensor(a!) kv_cache, int block_size) -> ()");
   m.def("map_local_to_global_slots(Tensor local_indices, Tensor req_ids, Tensor block_table, int block_size) -> Tensor");
   m.def("inverse_rope(Tensor o, Tensor positions, Tensor cos_sin_cache, Tensor(a!) out) -> ()");
@@ -44,6 +57,11 @@ STABLE_TORCH_LIBRARY(dsv4, m) {
         "Tensor? extra_kv_cache, Tensor? extra_indices, Tensor? extra_topk_length, int block_size, "
         "int extra_block_size, int head_dim_v, float sm_scale, Tensor? tile_scheduler_metadata=None, "
         "Tensor? num_splits=None) -> (Tensor, Tensor)");
+  // The records of the two caches named: (model1, model1), (v32, v32), (v41_fp8, v41_fp8), (v41_fp8, v41_fp4).
+  m.def("sparse_mla_decode.layout(Tensor q, Tensor kv_cache, Tensor indices, Tensor? topk_length, Tensor? attn_sink, "
+        "Tensor? extra_kv_cache, Tensor? extra_indices, Tensor? extra_topk_length, int block_size, "
+        "int extra_block_size, int head_dim_v, float sm_scale, Tensor? tile_scheduler_metadata, Tensor? num_splits, "
+        "str layout, str extra_layout, str placement) -> (Tensor, Tensor)");
   // FlashMLA's decode split plan (tile_scheduler_metadata [parts, 8] int32, num_splits [b + 1] int32).
   m.def("sparse_mla_decode_schedule(Tensor q, Tensor indices, Tensor? topk_length, Tensor? extra_indices, "
         "Tensor? extra_topk_length) -> (Tensor, Tensor)");

@@ -231,4 +231,35 @@ void check_values_in_range(Arg a, const IndexView& v, int64_t n, int64_t limit) 
   }
 }
 
+KvLayout parse_layout(Arg a, const std::string& name) {
+  for (KvLayout layout : {KvLayout::model1, KvLayout::v32, KvLayout::v41_fp8, KvLayout::v41_fp4})
+    if (name == layout_name(layout)) return layout;
+  DSV4_CHECK(false, a.op, "argument '", a.name, "' must be one of 'model1' (584-byte DeepSeek-V4.0 record), 'v32' (656), ",
+             "'v41_fp8' (528) or 'v41_fp4' (288), got '", name, "'");
+  return KvLayout::model1;
+}
+
+const char* layout_name(KvLayout layout) {
+  switch (layout) {
+    case KvLayout::model1: return "model1";
+    case KvLayout::v32: return "v32";
+    case KvLayout::v41_fp8: return "v41_fp8";
+    default: return "v41_fp4";
+  }
+}
+
+bool parse_placement(Arg a, const std::string& placement, KvLayout layout) {
+  DSV4_CHECK(placement == "page_split" || placement == "per_token", a.op, "argument '", a.name,
+             "' must be 'page_split' (a page's data rows, then its scale rows) or 'per_token' (each entry's scales ",
+             "after its data), got '", placement, "'");
+  const bool v41 = layout == KvLayout::v41_fp8 || layout == KvLayout::v41_fp4;
+  return v41 && placement == "per_token";
+}
+
+PagedCache record_cache(Arg a, const Tensor& t, int64_t block_size, KvLayout layout, bool per_token) {
+  PagedCache c = paged_cache(a, t, block_size, bytes_per_entry(layout));
+  c.per_token = per_token;
+  return c;
+}
+
 }  // namespace dsv4::api

@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "common/indices.h"
 #include "common/params.h"
+#include "common/records.h"
 
 namespace dsv4::api {
 
@@ -29,12 +30,12 @@ inline const char* record_name(int64_t bytes_per_entry) {
   return bytes_per_entry == kModel1BytesPerEntry ? "MODEL1"
          : bytes_per_entry == kV32BytesPerEntry  ? "V32"
          : bytes_per_entry == kIndexerBytesPerEntry ? "indexer K"
+         : bytes_per_entry == kV41Fp8BytesPerEntry  ? "V4.1 fp8"
+         : bytes_per_entry == kV41Fp4BytesPerEntry  ? "V4.1 fp4"
                                                      : "cache";
 }
 
-inline int64_t bytes_per_entry(KvLayout layout) {
-  return layout == KvLayout::model1 ? kModel1BytesPerEntry : kV32BytesPerEntry;
-}
+inline int64_t bytes_per_entry(KvLayout layout) { return record_entry_bytes(layout); }
 
 // Top-k widths the selection kernels support (topk_transform, fp8_paged_mqa_topk).
 inline bool supported_topk(int64_t k) { return k == 512 || k == 1024 || k == 2048; }
@@ -74,6 +75,16 @@ IndexView index_view(Arg a, const Tensor& t, int64_t dim);  // int32/int64 of th
 // bytes, and a view with an entry axis ([num_blocks, block_size, ...]) has block_size in dimension 1.
 PagedCache paged_cache(Arg a, const Tensor& t, int64_t block_size, int64_t bytes_per_entry);
 RopeTable rope_table(Arg a, const Tensor& t, int64_t rope_dim);
+
+// The attention records by the names the ops take: "model1" (584 B), "v32" (656 B), "v41_fp8" (528 B), "v41_fp4"
+// (288 B); the message lists them.
+KvLayout parse_layout(Arg a, const std::string& name);
+const char* layout_name(KvLayout layout);
+// "page_split" or "per_token" (PagedCache::per_token): the V4.1 records come in both; MODEL1 is page-split and V32
+// per-token by definition, and the argument is ignored for them.
+bool parse_placement(Arg a, const std::string& placement, KvLayout layout);
+// A paged cache of one record in one placement.
+PagedCache record_cache(Arg a, const Tensor& t, int64_t block_size, KvLayout layout, bool per_token);
 
 // The two checks below read the values, so they run on CPU tensors only (no-ops in _C_cuda: a device read
 // would synchronise; the CUDA kernels treat such entries as invalid instead).

@@ -1,4 +1,6 @@
 // Bindings of the compressor ops (state rows, pooled + normalized + rotated compressed entries).
+#include <string>
+
 #include <torch/csrc/stable/library.h>
 
 #include "api/checks.h"
@@ -57,9 +59,10 @@ void save_partial_states(Tensor kv, Tensor score, Tensor ape, Tensor positions, 
   backend_kernels().save_partial_states(p);
 }
 
-void compress_common(const char* op, int64_t head_dim, int64_t bytes_per_entry, Tensor state, Tensor gather_slots,
-                     Tensor positions, Tensor kv_slot_mapping, Tensor norm_weight, double eps, Tensor cos_sin_cache,
-                     Tensor kv_cache, int64_t block_size, int64_t ratio) {
+// kv_cache: the indexer K record for head_dim 128, `layout` in `placement` for 512.
+void compress_common(const char* op, int64_t head_dim, KvLayout layout, bool per_token, Tensor state,
+                     Tensor gather_slots, Tensor positions, Tensor kv_slot_mapping, Tensor norm_weight, double eps,
+                     Tensor cos_sin_cache, Tensor kv_cache, int64_t block_size, int64_t ratio) {
   const DeviceScope scope(state);
   check_same_device(op, state, {{"gather_slots", &gather_slots}, {"positions", &positions},
                                 {"kv_slot_mapping", &kv_slot_mapping}, {"rms_norm_weight", &norm_weight},
@@ -87,7 +90,9 @@ void compress_common(const char* op, int64_t head_dim, int64_t bytes_per_entry, 
   check_size({op, "rms_norm_weight"}, norm_weight, 0, head_dim);
   check_contiguous({op, "rms_norm_weight"}, norm_weight);
   p.rope = rope_table({op, "cos_sin_cache"}, cos_sin_cache, kRopeDim);
-  p.cache = paged_cache({op, "kv_cache"}, kv_cache, block_size, bytes_per_entry);
+  p.layout = layout;
+  p.cache = head_dim == kIndexerHeadDim ? paged_cache({op, "kv_cache"}, kv_cache, block_size, kIndexerBytesPerEntry)
+                                        : record_cache({op, "kv_cache"}, kv_cache, block_size, layout, per_token);
   check_positive({op, "eps"}, double(float(eps)));  // the kernels compute in fp32
   // Not checked against state_cache: engines give every KV-cache group views of one shared allocation, so the two
   // caches may span the same bytes, their blocks being distinct.
@@ -107,17 +112,27 @@ void compress_common(const char* op, int64_t head_dim, int64_t bytes_per_entry, 
   backend_kernels().compress_norm_rope_store(p);
 }
 
+void compress_norm_rope_store_layout(Tensor state, Tensor gather_slots, Tensor positions, Tensor kv_slot_mapping,
+                                     Tensor norm_weight, double eps, Tensor cos_sin_cache, Tensor kv_cache,
+                                     int64_t block_size, int64_t ratio, std::string layout, std::string placement) {
+  const char* op = "compress_norm_rope_store";
+  const KvLayout l = parse_layout({op, "layout"}, layout);
+  DSV4_CHECK(l != KvLayout::v32, op, "argument 'layout' must be a 512-dim record (model1, v41_fp8, v41_fp4), got v32");
+  compress_common(op, kModel1HeadDim, l, parse_placement({op, "placement"}, placement, l), state, gather_slots,
+                  positions, kv_slot_mapping, norm_weight, eps, cos_sin_cache, kv_cache, block_size, ratio);
+}
+
 void compress_norm_rope_store(Tensor state, Tensor gather_slots, Tensor positions, Tensor kv_slot_mapping,
                               Tensor norm_weight, double eps, Tensor cos_sin_cache, Tensor kv_cache, int64_t block_size,
                               int64_t ratio) {
-  compress_common("compress_norm_rope_store", kModel1HeadDim, kModel1BytesPerEntry, state, gather_slots, positions,
-                  kv_slot_mapping, norm_weight, eps, cos_sin_cache, kv_cache, block_size, ratio);
+  compress_norm_rope_store_layout(state, gather_slots, positions, kv_slot_mapping, norm_weight, eps, cos_sin_cache,
+                                  kv_cache, block_size, ratio, "model1", "page_split");
 }
 
 void compress_norm_rope_store_indexer(Tensor state, Tensor gather_slots, Tensor positions, Tensor kv_slot_mapping,
                                       Tensor norm_weight, double eps, Tensor cos_sin_cache, Tensor kv_cache,
                                       int64_t block_size, int64_t ratio) {
-  compress_common("compress_norm_rope_store_indexer", kIndexerHeadDim, kIndexerBytesPerEntry, state, gather_slots,
+  compress_common("compress_norm_rope_store_indexer", kIndexerHeadDim, KvLayout::model1, false, state, gather_slots,
                   positions, kv_slot_mapping, norm_weight, eps, cos_sin_cache, kv_cache, block_size, ratio);
 }
 
@@ -126,6 +141,7 @@ void compress_norm_rope_store_indexer(Tensor state, Tensor gather_slots, Tensor 
 DSV4_BACKEND_IMPL(m) {
   m.impl("save_partial_states", TORCH_BOX(&save_partial_states));
   m.impl("compress_norm_rope_store", TORCH_BOX(&compress_norm_rope_store));
+  m.impl("compress_norm_rope_store.layout", TORCH_BOX(&compress_norm_rope_store_layout));
   m.impl("compress_norm_rope_store_indexer", TORCH_BOX(&compress_norm_rope_store_indexer));
 }
 

@@ -1,5 +1,6 @@
-// Bindings of the KV-cache writers and the gather (MODEL1 / V32 records, the SWA insert, indexer K): checks, then
+// Bindings of the KV-cache writers and the gather (every attention record, the SWA insert, indexer K): checks, then
 // tensor -> params, then the selected tier.
+#include <string>
 #include <vector>
 
 #include <torch/csrc/stable/library.h>
@@ -17,18 +18,29 @@ KvLayout layout_for_head_dim(Arg a, int64_t head_dim) {
   return head_dim == kModel1HeadDim ? KvLayout::model1 : KvLayout::v32;
 }
 
-void quantize_kv_insert(Tensor kv, Tensor slot_mapping, Tensor kv_cache, int64_t block_size) {
+// `layout` "auto": MODEL1 for 512 dims, V32 for 576 (the records a head dim alone names).
+KvLayout resolve_layout(Arg a, const std::string& layout, Arg head_dim_arg, int64_t head_dim) {
+  if (layout == "auto") return layout_for_head_dim(head_dim_arg, head_dim);
+  const KvLayout l = parse_layout(a, layout);
+  DSV4_CHECK(record_head_dim(l) == head_dim, a.op, "argument '", head_dim_arg.name, "' head dim must be ",
+             record_head_dim(l), " for the ", layout, " record, got ", head_dim);
+  return l;
+}
+
+void quantize_kv_insert_layout(Tensor kv, Tensor slot_mapping, Tensor kv_cache, int64_t block_size,
+                               std::string layout, std::string placement) {
   const char* op = "quantize_kv_insert";
   const DeviceScope scope(kv);
   check_same_device(op, kv, {{"slot_mapping", &slot_mapping}, {"kv_cache", &kv_cache}});
   check_dim({op, "kv"}, kv, 2);
   QuantizeKvInsertParams p;
-  p.layout = layout_for_head_dim({op, "kv"}, kv.size(1));
+  p.layout = resolve_layout({op, "layout"}, layout, {op, "kv"}, kv.size(1));
   p.dtype = float_dtype({op, "kv"}, kv);
   check_last_dim_contiguous({op, "kv"}, kv);
   p.slots = index_view({op, "slot_mapping"}, slot_mapping, 1);
   check_size({op, "slot_mapping"}, slot_mapping, 0, kv.size(0));
-  p.cache = paged_cache({op, "kv_cache"}, kv_cache, block_size, bytes_per_entry(p.layout));
+  p.cache = record_cache({op, "kv_cache"}, kv_cache, block_size, p.layout,
+                         parse_placement({op, "placement"}, placement, p.layout));
   check_no_overlap(op, "kv_cache", kv_cache, {{"kv", &kv}, {"slot_mapping", &slot_mapping}});
   p.kv = kv.const_data_ptr();
   p.num_tokens = kv.size(0);
@@ -37,13 +49,20 @@ void quantize_kv_insert(Tensor kv, Tensor slot_mapping, Tensor kv_cache, int64_t
   backend_kernels().quantize_kv_insert(p);
 }
 
-Tensor dequantize_kv_gather(Tensor kv_cache, Tensor slots, int64_t block_size, int64_t head_dim) {
+void quantize_kv_insert(Tensor kv, Tensor slot_mapping, Tensor kv_cache, int64_t block_size) {
+  quantize_kv_insert_layout(kv, slot_mapping, kv_cache, block_size, "auto", "page_split");
+}
+
+Tensor dequantize_kv_gather_layout(Tensor kv_cache, Tensor slots, int64_t block_size, std::string layout,
+                                   std::string placement) {
   const char* op = "dequantize_kv_gather";
   const DeviceScope scope(kv_cache);
   check_same_device(op, kv_cache, {{"slots", &slots}});
   DequantizeKvGatherParams p;
-  p.layout = layout_for_head_dim({op, "head_dim"}, head_dim);
-  p.cache = paged_cache({op, "kv_cache"}, kv_cache, block_size, bytes_per_entry(p.layout));
+  p.layout = parse_layout({op, "layout"}, layout);
+  const int64_t head_dim = record_head_dim(p.layout);
+  p.cache = record_cache({op, "kv_cache"}, kv_cache, block_size, p.layout,
+                         parse_placement({op, "placement"}, placement, p.layout));
   check_dtype({op, "slots"}, slots, {ScalarType::Int, ScalarType::Long});
   const Tensor flat = torch::stable::reshape(torch::stable::contiguous(slots), {slots.numel()});
   p.slots = index_view({op, "slots"}, flat, 1);
@@ -56,8 +75,14 @@ Tensor dequantize_kv_gather(Tensor kv_cache, Tensor slots, int64_t block_size, i
   return out;
 }
 
-void qnorm_rope_kv_insert(Tensor q, Tensor kv, Tensor positions, Tensor cos_sin_cache, Tensor slot_mapping,
-                          Tensor kv_cache, int64_t block_size, double eps, Tensor q_out) {
+Tensor dequantize_kv_gather(Tensor kv_cache, Tensor slots, int64_t block_size, int64_t head_dim) {
+  const KvLayout layout = layout_for_head_dim({"dequantize_kv_gather", "head_dim"}, head_dim);
+  return dequantize_kv_gather_layout(kv_cache, slots, block_size, layout_name(layout), "page_split");
+}
+
+void qnorm_rope_kv_insert_layout(Tensor q, Tensor kv, Tensor positions, Tensor cos_sin_cache, Tensor slot_mapping,
+                                 Tensor kv_cache, int64_t block_size, double eps, Tensor q_out, bool q_norm,
+                                 std::string layout, std::string placement) {
   const char* op = "qnorm_rope_kv_insert";
   const DeviceScope scope(q);
   check_same_device(op, q, {{"kv", &kv}, {"positions", &positions}, {"cos_sin_cache", &cos_sin_cache},
@@ -78,7 +103,12 @@ void qnorm_rope_kv_insert(Tensor q, Tensor kv, Tensor positions, Tensor cos_sin_
              "argument 'slot_mapping' has ", slot_mapping.size(0), " entries but q has ", q.size(0), " tokens and kv ",
              kv.size(0), " rows (one slot per inserted token, at most one per token)");
   p.rope = rope_table({op, "cos_sin_cache"}, cos_sin_cache, kModel1RopeDim);
-  p.cache = paged_cache({op, "kv_cache"}, kv_cache, block_size, kModel1BytesPerEntry);
+  p.layout = parse_layout({op, "layout"}, layout);
+  DSV4_CHECK(p.layout != KvLayout::v32, op, "argument 'layout' must be a 512-dim record (model1, v41_fp8, v41_fp4), ",
+             "got v32");
+  p.q_norm = q_norm;
+  p.cache = record_cache({op, "kv_cache"}, kv_cache, block_size, p.layout,
+                         parse_placement({op, "placement"}, placement, p.layout));
   check_dim({op, "q_out"}, q_out, 3);
   check_dtype({op, "q_out"}, q_out, {q.scalar_type()});
   check_contiguous({op, "q_out"}, q_out);
@@ -101,6 +131,12 @@ void qnorm_rope_kv_insert(Tensor q, Tensor kv, Tensor positions, Tensor cos_sin_
   check_values_in_range({op, "positions"}, p.positions, p.num_tokens, p.rope.rows);
   check_write_slots({op, "slot_mapping"}, p.slots, p.num_kv_tokens, p.cache.num_blocks * block_size);
   backend_kernels().qnorm_rope_kv_insert(p);
+}
+
+void qnorm_rope_kv_insert(Tensor q, Tensor kv, Tensor positions, Tensor cos_sin_cache, Tensor slot_mapping,
+                          Tensor kv_cache, int64_t block_size, double eps, Tensor q_out) {
+  qnorm_rope_kv_insert_layout(q, kv, positions, cos_sin_cache, slot_mapping, kv_cache, block_size, eps, q_out, true,
+                              "model1", "page_split");
 }
 
 void indexer_k_quant_insert(Tensor k, Tensor slot_mapping, Tensor kv_cache, int64_t block_size) {
@@ -127,8 +163,11 @@ void indexer_k_quant_insert(Tensor k, Tensor slot_mapping, Tensor kv_cache, int6
 
 DSV4_BACKEND_IMPL(m) {
   m.impl("quantize_kv_insert", TORCH_BOX(&quantize_kv_insert));
+  m.impl("quantize_kv_insert.layout", TORCH_BOX(&quantize_kv_insert_layout));
   m.impl("dequantize_kv_gather", TORCH_BOX(&dequantize_kv_gather));
+  m.impl("dequantize_kv_gather.layout", TORCH_BOX(&dequantize_kv_gather_layout));
   m.impl("qnorm_rope_kv_insert", TORCH_BOX(&qnorm_rope_kv_insert));
+  m.impl("qnorm_rope_kv_insert.layout", TORCH_BOX(&qnorm_rope_kv_insert_layout));
   m.impl("indexer_k_quant_insert", TORCH_BOX(&indexer_k_quant_insert));
 }
 

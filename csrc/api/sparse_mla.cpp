@@ -1,5 +1,6 @@
 // Bindings of the sparse MLA attention ops (FlashMLA sparse decode over fp8 caches, sparse prefill on bf16 kv).
 #include <optional>
+#include <string>
 #include <tuple>
 
 #include <torch/csrc/stable/library.h>
@@ -141,13 +142,28 @@ std::tuple<Tensor, Tensor> sparse_mla_decode_schedule(Tensor q, Tensor indices, 
 
 // tile_scheduler_metadata and num_splits: FlashMLA's split plan. CUDA plans on the device when they are None;
 // the CPU kernel balances its own work and ignores them.
-std::tuple<Tensor, Tensor> sparse_mla_decode(Tensor q, Tensor kv_cache, Tensor indices,
-                                             std::optional<Tensor> topk_length, std::optional<Tensor> attn_sink,
-                                             std::optional<Tensor> extra_kv_cache, std::optional<Tensor> extra_indices,
-                                             std::optional<Tensor> extra_topk_length, int64_t block_size,
-                                             int64_t extra_block_size, int64_t head_dim_v, double sm_scale,
-                                             std::optional<Tensor> tile_scheduler_metadata,
-                                             std::optional<Tensor> num_splits) {
+// The (main, extra) records of a decode: "auto" gives MODEL1 for d_qk 512 and V32 for 576, the extra set's the main
+// set's. Pairs: (model1, model1), (v32, v32), (v41_fp8, v41_fp8), (v41_fp8, v41_fp4).
+std::pair<KvLayout, KvLayout> decode_layouts(const char* op, int64_t d_qk, const std::string& layout,
+                                             const std::string& extra_layout) {
+  const KvLayout main = layout == "auto" ? (d_qk == kModel1HeadDim ? KvLayout::model1 : KvLayout::v32)
+                                         : parse_layout({op, "layout"}, layout);
+  const KvLayout extra = extra_layout == "auto" ? main : parse_layout({op, "extra_layout"}, extra_layout);
+  DSV4_CHECK(record_head_dim(main) == d_qk, op, "argument 'q' head dim ", d_qk, " does not match the ",
+             layout_name(main), " record of kv_cache (", record_head_dim(main), " dims)");
+  const bool paired = main == extra || (main == KvLayout::v41_fp8 && extra == KvLayout::v41_fp4);
+  DSV4_CHECK(main != KvLayout::v41_fp4 && paired, op, "records (layout, extra_layout) = (", layout_name(main), ", ",
+             layout_name(extra), ") are not a supported pair; supported: (model1, model1), (v32, v32), ",
+             "(v41_fp8, v41_fp8), (v41_fp8, v41_fp4)");
+  return {main, extra};
+}
+
+std::tuple<Tensor, Tensor> sparse_mla_decode_layout(
+    Tensor q, Tensor kv_cache, Tensor indices, std::optional<Tensor> topk_length, std::optional<Tensor> attn_sink,
+    std::optional<Tensor> extra_kv_cache, std::optional<Tensor> extra_indices, std::optional<Tensor> extra_topk_length,
+    int64_t block_size, int64_t extra_block_size, int64_t head_dim_v, double sm_scale,
+    std::optional<Tensor> tile_scheduler_metadata, std::optional<Tensor> num_splits, std::string layout,
+    std::string extra_layout, std::string placement) {
   const char* op = "sparse_mla_decode";
   const DeviceScope scope(q);
   check_same_device(op, q, {{"kv_cache", &kv_cache}, {"indices", &indices}, {"topk_length", present(topk_length)},
@@ -157,9 +173,9 @@ std::tuple<Tensor, Tensor> sparse_mla_decode(Tensor q, Tensor kv_cache, Tensor i
   check_query(op, q, 4, head_dim_v);
   SparseMlaDecodeParams p;
   p.b = q.size(0), p.s_q = q.size(1), p.h_q = q.size(2), p.d_qk = q.size(3);
-  p.layout = p.d_qk == kModel1HeadDim ? KvLayout::model1 : KvLayout::v32;
-  const int64_t entry_bytes = bytes_per_entry(p.layout);
-  const PagedCache cache = paged_cache({op, "kv_cache"}, kv_cache, block_size, entry_bytes);
+  const auto [main_layout, extra_layout_] = decode_layouts(op, p.d_qk, layout, extra_layout);
+  const PagedCache cache = record_cache({op, "kv_cache"}, kv_cache, block_size, main_layout,
+                                        parse_placement({op, "placement"}, placement, main_layout));
   const std::optional<Tensor> sink = checked_sink(op, attn_sink, p.h_q);
   DSV4_CHECK(extra_kv_cache.has_value() == extra_indices.has_value(), op,
              "argument 'extra_indices' must be given exactly when extra_kv_cache is, got extra_kv_cache ",
@@ -167,9 +183,11 @@ std::tuple<Tensor, Tensor> sparse_mla_decode(Tensor q, Tensor kv_cache, Tensor i
   PagedCache extra_cache;
   if (extra_kv_cache) {
     check_positive({op, "extra_block_size"}, extra_block_size);
-    extra_cache = paged_cache({op, "extra_kv_cache"}, *extra_kv_cache, extra_block_size, entry_bytes);
+    extra_cache = record_cache({op, "extra_kv_cache"}, *extra_kv_cache, extra_block_size, extra_layout_,
+                               parse_placement({op, "placement"}, placement, extra_layout_));
   }
   decode_index_sets(op, p, indices, topk_length, extra_indices, extra_topk_length, cache, extra_cache);
+  p.main.layout = main_layout, p.extra.layout = extra_layout_;
   DSV4_CHECK(tile_scheduler_metadata.has_value() == num_splits.has_value(), op,
              "arguments 'tile_scheduler_metadata' and 'num_splits' must be given together");
   p.q = static_cast<const uint16_t*>(q.const_data_ptr());
@@ -200,6 +218,18 @@ std::tuple<Tensor, Tensor> sparse_mla_decode(Tensor q, Tensor kv_cache, Tensor i
 #endif
   backend_kernels().sparse_mla_decode(p);
   return {out, lse};
+}
+
+std::tuple<Tensor, Tensor> sparse_mla_decode(Tensor q, Tensor kv_cache, Tensor indices,
+                                             std::optional<Tensor> topk_length, std::optional<Tensor> attn_sink,
+                                             std::optional<Tensor> extra_kv_cache, std::optional<Tensor> extra_indices,
+                                             std::optional<Tensor> extra_topk_length, int64_t block_size,
+                                             int64_t extra_block_size, int64_t head_dim_v, double sm_scale,
+                                             std::optional<Tensor> tile_scheduler_metadata,
+                                             std::optional<Tensor> num_splits) {
+  return sparse_mla_decode_layout(q, kv_cache, indices, topk_length, attn_sink, extra_kv_cache, extra_indices,
+                                  extra_topk_length, block_size, extra_block_size, head_dim_v, sm_scale,
+                                  tile_scheduler_metadata, num_splits, "auto", "auto", "page_split");
 }
 
 std::tuple<Tensor, Tensor, Tensor> sparse_mla_prefill(Tensor q, Tensor kv, Tensor indices, double sm_scale,
@@ -245,6 +275,7 @@ std::tuple<Tensor, Tensor, Tensor> sparse_mla_prefill(Tensor q, Tensor kv, Tenso
 
 DSV4_BACKEND_IMPL(m) {
   m.impl("sparse_mla_decode", TORCH_BOX(&sparse_mla_decode));
+  m.impl("sparse_mla_decode.layout", TORCH_BOX(&sparse_mla_decode_layout));
   m.impl("sparse_mla_prefill", TORCH_BOX(&sparse_mla_prefill));
   m.impl("sparse_mla_decode_schedule", TORCH_BOX(&sparse_mla_decode_schedule));
 }

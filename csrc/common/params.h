@@ -15,12 +15,15 @@ struct IndexView {
   int64_t col_stride = 1;
 };
 
-// Paged byte cache: page b starts at base + b * block_stride; block_size entries per page.
+// Paged byte cache: page b starts at base + b * block_stride; block_size entries per page. The V4.1 records come in
+// two placements (common/records.h): page-split (a page's data rows, then its scale rows) or per-token (each
+// entry's scales right after its data); the other records have one placement each.
 struct PagedCache {
   uint8_t* base = nullptr;
   int64_t num_blocks = 0;
   int64_t block_stride = 0;
   int64_t block_size = 0;
+  bool per_token = false;
 };
 
 // fp32 RoPE table [rows, rope_dim]: cos in [0, rope_dim/2), sin in [rope_dim/2, rope_dim).
@@ -41,7 +44,8 @@ struct StateCache {
   int64_t row_width = 0;
 };
 
-enum class KvLayout : int32_t { model1, v32 };
+// The attention records: MODEL1 (584 B, DeepSeek-V4.0), V32 (656 B, V3.2), V4.1 fp8 (528 B) and fp4 (288 B).
+enum class KvLayout : int32_t { model1, v32, v41_fp8, v41_fp4 };
 
 struct QNormRopeKvInsertParams {
   const void* q = nullptr;  // [num_tokens, num_heads, 512]
@@ -54,7 +58,9 @@ struct QNormRopeKvInsertParams {
   IndexView positions;  // [num_tokens]
   IndexView slots;  // [num_kv_tokens]
   RopeTable rope;
-  PagedCache cache;  // MODEL1
+  PagedCache cache;  // MODEL1 or V4.1 fp8 / fp4
+  KvLayout layout = KvLayout::model1;
+  bool q_norm = true;  // DeepSeek-V4.0's per-head RMSNorm of q; V4.1 has none (RoPE only)
   float eps = 1e-6f;
 };
 
@@ -91,7 +97,8 @@ struct CompressNormRopeStoreParams {
   const float* norm_weight = nullptr;  // [head_dim]
   float eps = 1e-6f;
   RopeTable rope;
-  PagedCache cache;  // MODEL1 (head_dim 512) or indexer K (head_dim 128)
+  PagedCache cache;  // head_dim 512: a `layout` record (MODEL1, V4.1 fp8 or fp4); 128: indexer K
+  KvLayout layout = KvLayout::model1;
   int64_t ratio = 0, head_dim = 0, coff = 1, num_tokens = 0;
 };
 
@@ -220,6 +227,7 @@ struct SparseIndexSet {
   int64_t stride_b = 0, stride_s = 0, stride_k = 1, topk = 0;
   IndexView lengths;  // [b]; data == nullptr: all topk columns are candidates
   PagedCache cache;
+  KvLayout layout = KvLayout::model1;  // the record of cache
 };
 
 // FlashMLA-style split plan of a CUDA sparse decode (common/decode_schedule.h builds it): the requests' 64-entry
@@ -243,8 +251,7 @@ struct DecodeSchedule {
 struct SparseMlaDecodeParams {
   const uint16_t* q = nullptr;  // bf16 [b, s_q, h_q, d_qk], last dim contiguous
   int64_t b = 0, s_q = 0, h_q = 0, d_qk = 0, q_stride_b = 0, q_stride_s = 0, q_stride_h = 0;
-  KvLayout layout = KvLayout::model1;  // d_qk 512: MODEL1, 576: V32
-  SparseIndexSet main, extra;
+  SparseIndexSet main, extra;  // each with its record: V4.1 pairs an fp8 main set with an fp8 or fp4 extra set
   const float* attn_sink = nullptr;  // [h_q] or nullptr
   int64_t d_v = 512;
   float sm_scale = 0.0f;

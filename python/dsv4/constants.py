@@ -23,6 +23,22 @@ V32_ROPE_DIM = 64
 V32_TILE = 128
 V32_BYTES_PER_TOKEN = 656  # 512 e4m3 + 4 fp32 + 64 bf16
 
+# V4.1 fp8 KV cache entry (DeepSeek-V4.1): 512 e4m3 (RoPE dims too) + 16 UE8M0 scales (one per 32 dims)
+V41_HEAD_DIM = 512
+V41_FP8_TILE = 32
+V41_FP8_DATA_BYTES = 512
+V41_FP8_SCALE_BYTES = 16
+V41_FP8_BYTES_PER_TOKEN = 528
+
+# V4.1 fp4 KV cache entry (extra cache only): 256 bytes of e2m1 pairs + 32 e4m3 scales (one per 16 dims)
+V41_FP4_TILE = 16
+V41_FP4_DATA_BYTES = 256
+V41_FP4_SCALE_BYTES = 32
+V41_FP4_BYTES_PER_TOKEN = 288
+E2M1_MAX = 6.0  # largest e2m1 magnitude
+FP4_SCALE_MIN = 2.0**-9  # floor of a V4.1 fp4 tile scale: the smallest e4m3 magnitude
+V41_PAGE_ALIGNMENT = 512  # page-split V4.1 pages are padded to a multiple of this (vLLM, SGLang, FlashMLA 09-10)
+
 # Indexer K cache entry
 INDEXER_HEAD_DIM = 128
 INDEXER_ROPE_DIM = 64

@@ -34,8 +34,9 @@ inline void compress_norm_rope_store(const CompressNormRopeStoreParams& p) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t pos = index_at(p.positions, t);
       if ((pos + 1) % p.ratio != 0) continue;
+      const int64_t kv_slot = index_at(p.kv_slots, t);
       int64_t off;
-      uint8_t* page = slot_page(p.cache, index_at(p.kv_slots, t), &off);
+      uint8_t* page = slot_page(p.cache, kv_slot, &off);
       if (!page) continue;
       // Per-channel softmax over the valid window rows (max first, then one exp per element);
       // row w uses projection half w / ratio.
@@ -77,8 +78,10 @@ inline void compress_norm_rope_store(const CompressNormRopeStoreParams& p) {
         for (int64_t d = 0; d < dim; ++d) acc[d] = round_bf16(acc[d]);
         indexer_k_store(page, p.cache.block_size, off, acc);
       } else {
-        for (int64_t d = 0; d < kModel1NopeDim; ++d) acc[d] = round_bf16(acc[d]);
-        model1_store(page, p.cache.block_size, off, acc, acc + kModel1NopeDim);
+        // MODEL1 stores the RoPE dims as bf16 itself; the V4.1 records quantize all dims from their bf16 rounding.
+        const int64_t rounded = p.layout == KvLayout::model1 ? kModel1NopeDim : dim;
+        for (int64_t d = 0; d < rounded; ++d) acc[d] = round_bf16(acc[d]);
+        record_store(p.layout, p.cache, kv_slot, acc);
       }
     }
   });

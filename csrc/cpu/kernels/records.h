@@ -1,5 +1,6 @@
 // Stores and loads of the paged cache records (geometry: common/cache_layouts.h; spec: python/dsv4/reference/quant.py).
 #pragma once
+#include "common/records.h"
 #include "cpu/kernels/numerics.h"
 
 namespace dsv4::cpu::DSV4_ISA {
@@ -18,14 +19,20 @@ inline int quantize_tile(const float* x, int64_t n, uint8_t* codes) {
   return e;
 }
 
+// UE8M0 scale byte of a power-of-two exponent (clamped to the byte's range).
+inline uint8_t ue8m0_byte(int exponent) {
+  const int byte = exponent + 127;
+  return uint8_t(byte < 0 ? 0 : (byte > 255 ? 255 : byte));
+}
+
+// 2^(b - 127) of a UE8M0 byte; 255 is NaN.
+inline float ue8m0_value(uint8_t b) { return b == 255 ? NAN : std::ldexp(1.0f, int(b) - 127); }
+
 // MODEL1 entry from 448 bf16-rounded NoPE values and 64 RoPE values (rounded to bf16 here).
-inline void model1_store(uint8_t* page, int64_t block_size, int64_t off, const float* nope, const float* rope) {
-  uint8_t* data = page + off * kModel1DataBytes;
-  uint8_t* scales = page + block_size * kModel1DataBytes + off * kModel1ScaleBytes;
+inline void model1_store(const EntryBytes& e, const float* nope, const float* rope) {
+  uint8_t *data = e.data, *scales = e.scales;
   for (int64_t t = 0; t < kModel1Tiles; ++t) {
-    const int e = quantize_tile(nope + t * kModel1Tile, kModel1Tile, data + t * kModel1Tile);
-    const int byte = e + 127;
-    scales[t] = uint8_t(byte < 0 ? 0 : (byte > 255 ? 255 : byte));
+    scales[t] = ue8m0_byte(quantize_tile(nope + t * kModel1Tile, kModel1Tile, data + t * kModel1Tile));
   }
   scales[kModel1Tiles] = 0;
   uint16_t rope_bf16[kModel1RopeDim];
@@ -34,11 +41,10 @@ inline void model1_store(uint8_t* page, int64_t block_size, int64_t off, const f
 }
 
 // MODEL1 entry -> 512 floats (scale byte b means 2^(b-127); 255 is NaN).
-inline void model1_load(const uint8_t* page, int64_t block_size, int64_t off, float* out) {
-  const uint8_t* data = page + off * kModel1DataBytes;
-  const uint8_t* scales = page + block_size * kModel1DataBytes + off * kModel1ScaleBytes;
+inline void model1_load(const EntryBytes& e, float* out) {
+  const uint8_t *data = e.data, *scales = e.scales;
   for (int64_t t = 0; t < kModel1Tiles; ++t) {
-    const float mult = scales[t] == 255 ? NAN : std::ldexp(1.0f, int(scales[t]) - 127);
+    const float mult = ue8m0_value(scales[t]);
     for (int64_t i = 0; i < kModel1Tile; ++i) out[t * kModel1Tile + i] = e4m3_to_f32(data[t * kModel1Tile + i]) * mult;
   }
   uint16_t rope_bf16[kModel1RopeDim];
@@ -47,8 +53,7 @@ inline void model1_load(const uint8_t* page, int64_t block_size, int64_t off, fl
 }
 
 // V32 entry from 576 bf16-rounded values (512 NoPE, 64 RoPE).
-inline void v32_store(uint8_t* page, int64_t off, const float* x) {
-  uint8_t* entry = page + off * kV32BytesPerEntry;
+inline void v32_store(uint8_t* entry, const float* x) {
   float scales[kV32Tiles];
   for (int64_t t = 0; t < kV32Tiles; ++t)
     scales[t] = std::ldexp(1.0f, quantize_tile(x + t * kV32Tile, kV32Tile, entry + t * kV32Tile));
@@ -58,14 +63,107 @@ inline void v32_store(uint8_t* page, int64_t off, const float* x) {
   std::memcpy(entry + kV32NopeDim + sizeof(scales), rope_bf16, sizeof(rope_bf16));
 }
 
-inline void v32_load(const uint8_t* page, int64_t off, float* out) {
-  const uint8_t* entry = page + off * kV32BytesPerEntry;
+inline void v32_load(const uint8_t* entry, float* out) {
   float scales[kV32Tiles];
   std::memcpy(scales, entry + kV32NopeDim, sizeof(scales));
   for (int64_t i = 0; i < kV32NopeDim; ++i) out[i] = e4m3_to_f32(entry[i]) * scales[i / kV32Tile];
   uint16_t rope_bf16[kV32RopeDim];
   std::memcpy(rope_bf16, entry + kV32NopeDim + sizeof(scales), sizeof(rope_bf16));
   for (int64_t i = 0; i < kV32RopeDim; ++i) out[kV32NopeDim + i] = bf16_to_f32(rope_bf16[i]);
+}
+
+// V4.1 fp8 entry from 512 bf16-rounded values: 16 tiles of 32, each e4m3 codes and a UE8M0 scale.
+inline void v41_fp8_store(const EntryBytes& e, const float* x) {
+  for (int64_t t = 0; t < kV41Fp8Tiles; ++t)
+    e.scales[t] = ue8m0_byte(quantize_tile(x + t * kV41Fp8Tile, kV41Fp8Tile, e.data + t * kV41Fp8Tile));
+}
+
+inline void v41_fp8_load(const EntryBytes& e, float* out) {
+  for (int64_t t = 0; t < kV41Fp8Tiles; ++t) {
+    const float mult = ue8m0_value(e.scales[t]);
+    for (int64_t i = 0; i < kV41Fp8Tile; ++i) out[t * kV41Fp8Tile + i] = e4m3_to_f32(e.data[t * kV41Fp8Tile + i]) * mult;
+  }
+}
+
+constexpr float kE2m1Max = 6.0f, kFp4ScaleMin = 0x1p-9f;  // the scale's floor: the smallest e4m3 magnitude
+constexpr uint8_t kE4m3NanByte = 0x7f, kE2m1Sign = 8, kE2m1Magnitude = 7;
+constexpr float kE2m1Values[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+// e2m1 code of y: round to nearest even (ties to the even code), saturating at +-6; NaN -> 0; the sign bit is kept
+// (-0 and negatives that round to 0 give code 8).
+inline uint8_t f32_to_e2m1(float y) {
+  if (std::isnan(y)) return 0;
+  const float a = std::fabs(y);
+  const uint8_t magnitude = uint8_t((a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) +
+                                    (a >= 3.5f) + (a > 5.0f));
+  return uint8_t((std::signbit(y) ? kE2m1Sign : 0) | magnitude);
+}
+
+// e4m3 byte of a V4.1 fp4 tile scale: e4m3_rne(clamp(amax / 6, 2^-9, 448)); a tile holding NaN or inf gets NaN.
+inline uint8_t fp4_scale_byte(const float* x) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < kV41Fp4Tile; ++i) {
+    const float a = std::fabs(x[i]);
+    if (!std::isfinite(a)) return kE4m3NanByte;  // NaN counts as inf: it poisons the tile
+    amax = a > amax ? a : amax;
+  }
+  const float s = amax / kE2m1Max;
+  return f32_to_e4m3(s < kFp4ScaleMin ? kFp4ScaleMin : s);  // f32_to_e4m3 saturates at 448
+}
+
+// V4.1 fp4 entry from 512 bf16-rounded values: 32 tiles of 16, each e2m1 codes of x / scale and an e4m3 scale.
+inline void v41_fp4_store(const EntryBytes& e, const float* x) {
+  for (int64_t t = 0; t < kV41Fp4Tiles; ++t) {
+    const float* tile = x + t * kV41Fp4Tile;
+    e.scales[t] = fp4_scale_byte(tile);
+    const float scale = e4m3_to_f32(e.scales[t]);
+    uint8_t* codes = e.data + t * kV41Fp4Tile / 2;
+    for (int64_t i = 0; i < kV41Fp4Tile; i += 2)
+      codes[i / 2] = uint8_t(f32_to_e2m1(tile[i] / scale) | f32_to_e2m1(tile[i + 1] / scale) << 4);
+  }
+}
+
+inline float e2m1_to_f32(uint8_t code) {
+  const float v = kE2m1Values[code & kE2m1Magnitude];
+  return (code & kE2m1Sign) ? -v : v;
+}
+
+inline void v41_fp4_load(const EntryBytes& e, float* out) {
+  for (int64_t t = 0; t < kV41Fp4Tiles; ++t) {
+    const float scale = e4m3_to_f32(e.scales[t]);
+    for (int64_t i = 0; i < kV41Fp4Tile; i += 2) {
+      const uint8_t pair = e.data[(t * kV41Fp4Tile + i) / 2];
+      out[t * kV41Fp4Tile + i] = e2m1_to_f32(pair & 0xf) * scale;
+      out[t * kV41Fp4Tile + i + 1] = e2m1_to_f32(pair >> 4) * scale;
+    }
+  }
+}
+
+// Any attention record's entry at slot -> its record_head_dim(layout) floats; false when the slot is invalid.
+inline bool record_load(KvLayout layout, const PagedCache& c, int64_t slot, float* out) {
+  const EntryBytes e = slot_entry(layout, c, slot);
+  if (!e.data) return false;
+  switch (layout) {
+    case KvLayout::model1: model1_load(e, out); break;
+    case KvLayout::v32: v32_load(e.data, out); break;
+    case KvLayout::v41_fp8: v41_fp8_load(e, out); break;
+    case KvLayout::v41_fp4: v41_fp4_load(e, out); break;
+  }
+  return true;
+}
+
+// Any attention record's entry at slot from bf16-rounded values (MODEL1: RoPE dims as given, rounded here); false
+// when the slot is invalid.
+inline bool record_store(KvLayout layout, const PagedCache& c, int64_t slot, const float* x) {
+  const EntryBytes e = slot_entry(layout, c, slot);
+  if (!e.data) return false;
+  switch (layout) {
+    case KvLayout::model1: model1_store(e, x, x + kModel1NopeDim); break;
+    case KvLayout::v32: v32_store(e.data, x); break;
+    case KvLayout::v41_fp8: v41_fp8_store(e, x); break;
+    case KvLayout::v41_fp4: v41_fp4_store(e, x); break;
+  }
+  return true;
 }
 
 // Indexer K entry from 128 bf16-rounded values: e4m3 codes plus a power-of-two fp32 scale.

@@ -8,8 +8,16 @@ Layouts (one page of ``block_size`` entries; pages may be padded, always honour 
   values; then at ``576*block_size + 8*i``: 7 UE8M0 scale bytes (one per 64-dim tile), 1 zero pad.
 - V32 (DeepSeek-V3.2, 656 B/entry, row-interleaved): 512 e4m3, 4 fp32 scales (128-dim tiles),
   64 bf16 RoPE values.
+- V4.1 fp8 (528 B/entry): 512 e4m3 codes for all dims (RoPE dims included), 16 UE8M0 scales (dims 32j..32j+31).
+- V4.1 fp4 (288 B/entry, extra cache only): 256 bytes of e2m1 codes (dim 2i in the low nibble of byte i, 2i+1
+  in the high one), 32 e4m3 scales (dims 16j..16j+15).
 - Indexer K (132 B/entry): entry i's 128 e4m3 bytes at ``128*i``, its fp32 scale at
   ``128*block_size + 4*i``.
+
+Every attention record is a data part and a scale part (V32's "scales" are the bytes after its codes). Two
+placements put them in a page: ``page_split`` (MODEL1 always, V4.1 as vLLM and SGLang write it): data of entry i at
+``D*i``, scales at ``D*block_size + S*i``; ``per_token`` (V32 always, V4.1 as FlashMLA upstream writes it): entry i
+at ``(D+S)*i``, data then scales.
 """
 
 from __future__ import annotations
@@ -32,6 +40,11 @@ from ..constants import (
     V32_NOPE_DIM,
     V32_ROPE_DIM,
     V32_TILE,
+    E2M1_MAX,
+    FP4_SCALE_MIN,
+    V41_FP4_TILE,
+    V41_FP8_TILE,
+    V41_HEAD_DIM,
 )
 
 
@@ -121,6 +134,91 @@ def v32_unpack(entries: torch.Tensor) -> torch.Tensor:
     return torch.cat([(nope * scale.unsqueeze(-1)).reshape(n, V32_NOPE_DIM), rope], dim=1)
 
 
+def v41_fp8_pack(kv: torch.Tensor, rule: str = "flashmla") -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, 512] values -> (codes [N, 512] uint8, UE8M0 scales [N, 16] uint8) of the V4.1 fp8 record.
+
+    Values are bf16-rounded, then quantized per 32-dim tile. ``rule="flashmla"`` (what dsv4's kernels write):
+    scale ``2^ceil(log2(max(amax / 448, 1e-4)))``. ``rule="vllm"`` (vLLM's and DeepGEMM's writers): amax floored
+    at 1e-4 before the division, codes clamped to +-448; tiles with amax < 0.0448 get a smaller scale byte. Both
+    decode with :func:`v41_fp8_unpack` to the tile's values within its code precision.
+    """
+    x = round_bf16(kv)
+    n = x.shape[0]
+    tiles = x.reshape(n, V41_HEAD_DIM // V41_FP8_TILE, V41_FP8_TILE)
+    if rule == "flashmla":
+        exponent = tile_scale_exponent(tiles)
+    elif rule == "vllm":
+        exponent = ceil_log2(torch.clamp_min(tiles.abs().amax(dim=-1), SCALE_FLOOR) / FP8_MAX)
+    else:
+        raise ValueError(f"unknown fp8 scale rule {rule!r}; supported: 'flashmla', 'vllm'")
+    codes = _scaled_codes(tiles, exponent).reshape(n, V41_HEAD_DIM)
+    return codes, (exponent + 127).clamp(0, 255).to(torch.uint8)
+
+
+def _ue8m0(scales: torch.Tensor) -> torch.Tensor:
+    """Multipliers of UE8M0 scale bytes: 2^(b - 127), 255 is NaN."""
+    mult = torch.ldexp(torch.ones(scales.shape), (scales.to(torch.int32) - 127).float())
+    return torch.where(scales == 255, torch.nan, mult)
+
+
+def v41_fp8_unpack(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """(codes [N, 512], scales [N, 16]) -> float32 [N, 512]."""
+    n = codes.shape[0]
+    tiles = decode_e4m3(codes).reshape(n, V41_HEAD_DIM // V41_FP8_TILE, V41_FP8_TILE)
+    return (tiles * _ue8m0(scales).unsqueeze(-1)).reshape(n, V41_HEAD_DIM)
+
+
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+# Rounding thresholds between neighbouring e2m1 magnitudes; a tie goes to the even code: at 0.25, 1.25, 2.5 and 5
+# the lower neighbour, at 0.75, 1.75 and 3.5 the upper one.
+_E2M1_BOUNDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+
+
+def encode_e2m1(y: torch.Tensor) -> torch.Tensor:
+    """float32 -> e2m1 codes (uint8 0..15): nearest, ties to even, saturating at +-6; NaN -> 0; the sign bit is
+    kept (-0 and negatives that round to 0 give code 8)."""
+    a = y.abs()
+    magnitude = torch.zeros(y.shape, dtype=torch.uint8)
+    for bound, tie_up in _E2M1_BOUNDS:
+        magnitude += (a >= bound if tie_up else a > bound).to(torch.uint8)
+    code = magnitude | torch.signbit(y).to(torch.uint8) << 3
+    return torch.where(torch.isnan(y), 0, code).to(torch.uint8)
+
+
+def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    table = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES))
+    return table[codes.long()]
+
+
+def fp4_tile_scales(tiles: torch.Tensor) -> torch.Tensor:
+    """e4m3 scale bytes of fp4 tiles (last dim): ``e4m3_rne(clamp(amax / 6, 2^-9, 448))``; a tile holding NaN or
+    inf gets the NaN byte 0x7f."""
+    amax = tiles.abs().amax(dim=-1)
+    poisoned = ~torch.isfinite(tiles).all(dim=-1)
+    scales = encode_e4m3(torch.clamp(amax / E2M1_MAX, FP4_SCALE_MIN, FP8_MAX))
+    return torch.where(poisoned, 0x7F, scales).to(torch.uint8)
+
+
+def v41_fp4_pack(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, 512] values -> (e2m1 pairs [N, 256] uint8, e4m3 scales [N, 32] uint8) of the V4.1 fp4 record.
+
+    Values are bf16-rounded; per 16-dim tile the codes are ``e2m1(x / scale)`` (an fp32 division, rounded once).
+    """
+    x = round_bf16(kv)
+    n = x.shape[0]
+    tiles = x.reshape(n, V41_HEAD_DIM // V41_FP4_TILE, V41_FP4_TILE)
+    scales = fp4_tile_scales(tiles)
+    codes = encode_e2m1(tiles / decode_e4m3(scales).unsqueeze(-1)).reshape(n, V41_HEAD_DIM // 2, 2)
+    return codes[..., 0] | codes[..., 1] << 4, scales
+
+
+def v41_fp4_unpack(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """(e2m1 pairs [N, 256], e4m3 scales [N, 32]) -> float32 [N, 512] (exact: every value is a bf16)."""
+    n = data.shape[0]
+    codes = torch.stack([data & 0xF, data >> 4], dim=-1).reshape(n, V41_HEAD_DIM // V41_FP4_TILE, V41_FP4_TILE)
+    return (decode_e2m1(codes) * decode_e4m3(scales).unsqueeze(-1)).reshape(n, V41_HEAD_DIM)
+
+
 def indexer_k_pack(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[N, 128] values -> (e4m3 bytes [N, 128] uint8, fp32 scales [N]); values bf16-rounded first."""
     x = round_bf16(k)
@@ -143,58 +241,22 @@ def valid_slots(slots: torch.Tensor, num_blocks: int, block_size: int) -> torch.
 
 def model1_write(cache: torch.Tensor, slots: torch.Tensor, block_size: int, kv: torch.Tensor):
     """Reference MODEL1 insert: quantize rows of ``kv`` [N, 512] into ``cache`` at ``slots``."""
-    pages = cache_pages(cache)
-    data, scales = model1_pack(kv)
-    for i, slot in enumerate(slots.tolist()):
-        if not 0 <= slot < pages.shape[0] * block_size:
-            continue
-        block, off = divmod(slot, block_size)
-        pages[block, off * MODEL1_DATA_BYTES : (off + 1) * MODEL1_DATA_BYTES] = data[i]
-        s0 = block_size * MODEL1_DATA_BYTES + off * MODEL1_SCALE_BYTES
-        pages[block, s0 : s0 + MODEL1_SCALE_BYTES] = scales[i]
+    write_records(cache, slots, block_size, kv, "model1")
 
 
 def model1_read(cache: torch.Tensor, slots: torch.Tensor, block_size: int) -> torch.Tensor:
     """Reference MODEL1 gather: float32 [*slots.shape, 512]; invalid slots give zeros."""
-    pages = cache_pages(cache)
-    flat = slots.reshape(-1).tolist()
-    data = torch.zeros(len(flat), MODEL1_DATA_BYTES, dtype=torch.uint8)
-    scales = torch.zeros(len(flat), MODEL1_SCALE_BYTES, dtype=torch.uint8)
-    ok = torch.zeros(len(flat), dtype=torch.bool)
-    for i, slot in enumerate(flat):
-        if 0 <= slot < pages.shape[0] * block_size:
-            block, off = divmod(slot, block_size)
-            data[i] = pages[block, off * MODEL1_DATA_BYTES : (off + 1) * MODEL1_DATA_BYTES]
-            s0 = block_size * MODEL1_DATA_BYTES + off * MODEL1_SCALE_BYTES
-            scales[i] = pages[block, s0 : s0 + MODEL1_SCALE_BYTES]
-            ok[i] = True
-    out = torch.where(ok.unsqueeze(-1), model1_unpack(data, scales), 0.0)
-    return out.reshape(*slots.shape, MODEL1_NOPE_DIM + MODEL1_ROPE_DIM)
+    return read_records(cache, slots, block_size, "model1")
 
 
 def v32_write(cache: torch.Tensor, slots: torch.Tensor, block_size: int, kv: torch.Tensor):
     """Reference V32 insert of rows of ``kv`` [N, 576]."""
-    pages = cache_pages(cache)
-    entries = v32_pack(kv)
-    for i, slot in enumerate(slots.tolist()):
-        if 0 <= slot < pages.shape[0] * block_size:
-            block, off = divmod(slot, block_size)
-            pages[block, off * V32_BYTES_PER_TOKEN : (off + 1) * V32_BYTES_PER_TOKEN] = entries[i]
+    write_records(cache, slots, block_size, kv, "v32")
 
 
 def v32_read(cache: torch.Tensor, slots: torch.Tensor, block_size: int) -> torch.Tensor:
     """Reference V32 gather: float32 [*slots.shape, 576]; invalid slots give zeros."""
-    pages = cache_pages(cache)
-    flat = slots.reshape(-1).tolist()
-    entries = torch.zeros(len(flat), V32_BYTES_PER_TOKEN, dtype=torch.uint8)
-    ok = torch.zeros(len(flat), dtype=torch.bool)
-    for i, slot in enumerate(flat):
-        if 0 <= slot < pages.shape[0] * block_size:
-            block, off = divmod(slot, block_size)
-            entries[i] = pages[block, off * V32_BYTES_PER_TOKEN : (off + 1) * V32_BYTES_PER_TOKEN]
-            ok[i] = True
-    out = torch.where(ok.unsqueeze(-1), v32_unpack(entries), 0.0)
-    return out.reshape(*slots.shape, V32_NOPE_DIM + V32_ROPE_DIM)
+    return read_records(cache, slots, block_size, "v32")
 
 
 def indexer_k_write(cache: torch.Tensor, slots: torch.Tensor, block_size: int, codes, scales):
@@ -226,6 +288,91 @@ def indexer_k_read(cache: torch.Tensor, slots: torch.Tensor, block_size: int):
             scale_bytes[i] = pages[block, s0 : s0 + 4]
     scales = scale_bytes.view(torch.float32).reshape(-1)
     return codes.reshape(*slots.shape, INDEXER_HEAD_DIM), scales.reshape(slots.shape)
+
+
+# ---- every attention record through one pair of paged writer / reader ----------------------------------------
+
+# record -> (head dim, data bytes, scale bytes, pack to (data, scales), unpack, placements)
+RECORDS = {
+    "model1": (MODEL1_NOPE_DIM + MODEL1_ROPE_DIM, MODEL1_DATA_BYTES, MODEL1_SCALE_BYTES, model1_pack, model1_unpack,
+               ("page_split",)),
+    "v32": (V32_NOPE_DIM + V32_ROPE_DIM, V32_NOPE_DIM, V32_BYTES_PER_TOKEN - V32_NOPE_DIM,
+            lambda kv: (lambda e: (e[:, :V32_NOPE_DIM], e[:, V32_NOPE_DIM:]))(v32_pack(kv)),
+            lambda d, s: v32_unpack(torch.cat([d, s], dim=1)), ("per_token",)),
+    "v41_fp8": (V41_HEAD_DIM, V41_HEAD_DIM, V41_HEAD_DIM // V41_FP8_TILE, v41_fp8_pack, v41_fp8_unpack,
+                ("page_split", "per_token")),
+    "v41_fp4": (V41_HEAD_DIM, V41_HEAD_DIM // 2, V41_HEAD_DIM // V41_FP4_TILE, v41_fp4_pack, v41_fp4_unpack,
+                ("page_split", "per_token")),
+}
+PLACEMENTS = ("page_split", "per_token")
+
+
+def record_placement(layout: str, placement: str) -> str:
+    """The placement a record is stored in: V4.1 records take either, MODEL1 and V32 have one each."""
+    if layout not in RECORDS:
+        raise ValueError(f"unknown KV record {layout!r}; supported: {sorted(RECORDS)}")
+    if placement not in PLACEMENTS:
+        raise ValueError(f"unknown placement {placement!r}; supported: {PLACEMENTS}")
+    return placement if placement in RECORDS[layout][5] else RECORDS[layout][5][0]
+
+
+def _entry_byte_index(layout: str, placement: str, block_size: int, offsets: torch.Tensor):
+    """Byte columns in a page of the data and scale parts of entries at ``offsets`` ([N] -> [N, D], [N, S])."""
+    _, data, scales, *_ = RECORDS[layout]
+    off = offsets.long()[:, None]
+    if record_placement(layout, placement) == "per_token":
+        start = off * (data + scales)
+        return start + torch.arange(data), start + data + torch.arange(scales)
+    return off * data + torch.arange(data), block_size * data + off * scales + torch.arange(scales)
+
+
+def write_records(cache, slots, block_size, kv, layout="v41_fp8", placement="page_split", rule="flashmla"):
+    """Reference insert of rows ``kv`` [N, head dim] as ``layout`` records at ``slots`` (-1 and slots outside the
+    cache skipped). ``rule`` chooses the V4.1 fp8 scale rule (:func:`v41_fp8_pack`)."""
+    pages = cache_pages(cache)
+    pack = RECORDS[layout][3]
+    data, scales = pack(kv, rule) if layout == "v41_fp8" else pack(kv)
+    ok = valid_slots(slots.long(), pages.shape[0], block_size)
+    block, off = slots.long()[ok] // block_size, slots.long()[ok] % block_size
+    data_cols, scale_cols = _entry_byte_index(layout, placement, block_size, off)
+    pages[block[:, None], data_cols] = data[ok]
+    pages[block[:, None], scale_cols] = scales[ok]
+
+
+def read_records(cache, slots, block_size, layout="v41_fp8", placement="page_split"):
+    """Reference gather of ``layout`` records: float32 ``[*slots.shape, head dim]``; invalid slots give zeros."""
+    pages = cache_pages(cache)
+    dim, data_bytes, scale_bytes, _, unpack, _ = RECORDS[layout]
+    flat = slots.reshape(-1).long()
+    ok = valid_slots(flat, pages.shape[0], block_size)
+    safe = torch.where(ok, flat, 0)
+    block, off = safe // block_size, safe % block_size
+    data_cols, scale_cols = _entry_byte_index(layout, placement, block_size, off)
+    rows = unpack(pages[block[:, None], data_cols], pages[block[:, None], scale_cols]) if flat.numel() else None
+    out = torch.zeros(flat.numel(), dim) if rows is None else torch.where(ok[:, None], rows, 0.0)
+    return out.reshape(*slots.shape, dim)
+
+
+def convert_placement(cache, block_size, layout, src_placement, dst_placement, out=None):
+    """The same records in the other placement (a byte permutation of each page): ``cache`` [num_blocks, ...] ->
+    uint8 [num_blocks, page bytes] (``out`` when given, any device). Page padding is copied as zeros."""
+    src = cache_pages(cache)
+    _, data, scales, *_ = RECORDS[layout]
+    raw = block_size * (data + scales)
+    dst = torch.zeros_like(src) if out is None else cache_pages(out)
+    if record_placement(layout, src_placement) == record_placement(layout, dst_placement):
+        dst[:, :raw] = src[:, :raw]
+        return dst
+    split = lambda p: (p[:, : block_size * data].reshape(-1, block_size, data),  # noqa: E731
+                       p[:, block_size * data : raw].reshape(-1, block_size, scales))
+    if record_placement(layout, src_placement) == "page_split":
+        d, s = split(src)
+        dst[:, :raw] = torch.cat([d, s], dim=2).reshape(-1, raw)
+    else:
+        rows = src[:, :raw].reshape(-1, block_size, data + scales)
+        dst[:, :raw] = torch.cat([rows[..., :data].reshape(-1, block_size * data),
+                                  rows[..., data:].reshape(-1, block_size * scales)], dim=1)
+    return dst
 
 
 assert MODEL1_BYTES_PER_TOKEN == MODEL1_DATA_BYTES + MODEL1_SCALE_BYTES

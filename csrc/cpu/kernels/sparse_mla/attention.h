@@ -73,7 +73,7 @@ inline void attend_columns(const Problem& pb, int64_t t, int64_t c0, int64_t c1,
   reset_softmax_state(s, hp);
   const int64_t count = pb.gather(t, c0, c1, b.rows);
   if (count == 0) return;
-  for (int64_t i = 0; i < kPrefetchRows && i < count; ++i) prefetch_row(pb.format, b.rows[i], pb.d_qk);
+  for (int64_t i = 0; i < kPrefetchRows && i < count; ++i) prefetch_row(b.rows[i], pb.d_qk);
   pack_query(pb.query(t), pb.q_stride_h, pb.heads, hp, pb.d_qk, b.qpack);
   for (int64_t v0 = 0; v0 < count; v0 += kValueRows) {
     const int64_t n = count - v0 < kValueRows ? count - v0 : kValueRows, rows = round_up(n, kRowBlock);
@@ -84,8 +84,8 @@ inline void attend_columns(const Problem& pb, int64_t t, int64_t c0, int64_t c1,
         const int64_t r = v0 + k0 + i;
         uint16_t* key = b.keys + i * pb.d_qk;
         if (r < count) {
-          if (r + kPrefetchRows < count) prefetch_row(pb.format, b.rows[r + kPrefetchRows], pb.d_qk);
-          stage_row(pb.format, b.rows[r], pb.d_qk, key);
+          if (r + kPrefetchRows < count) prefetch_row(b.rows[r + kPrefetchRows], pb.d_qk);
+          stage_row(b.rows[r], pb.d_qk, key);
         } else {
           std::memset(key, 0, pb.d_qk * sizeof(uint16_t));
         }
@@ -97,7 +97,7 @@ inline void attend_columns(const Problem& pb, int64_t t, int64_t c0, int64_t c1,
         attention_scores(b.keys + i * pb.d_qk, pb.d_qk, kRowBlock, b.qpack, hp, b.scores + (k0 + i) * hp);
         for (int64_t next = v0 + k0 + kStageRows + i; next < v0 + k0 + kStageRows + i + kRowBlock && next < count;
              ++next)
-          prefetch_row<2>(pb.format, b.rows[next], pb.d_qk);
+          prefetch_row<2>(b.rows[next], pb.d_qk);
       }
     }
     softmax_step(b.scores, n, rows, hp, pb.scale, s, b.probs);
@@ -105,7 +105,7 @@ inline void attend_columns(const Problem& pb, int64_t t, int64_t c0, int64_t c1,
   }
 }
 
-// Problem: queries, heads, d_qk, q_stride_h, scale, format, threads, max_columns; query(t), columns(t),
+// Problem: queries, heads, d_qk, q_stride_h, scale, threads, max_columns; query(t), columns(t),
 // gather(t, c0, c1, rows) -> count, output(t) -> QueryOutput.
 template <class Problem>
 inline void run_sparse_attention(const Problem& pb) {
@@ -165,7 +165,8 @@ inline int64_t gather_set(const SparseIndexSet& set, int64_t b, int64_t s, int64
   int64_t count = 0;
   const int64_t base = b * set.stride_b + s * set.stride_s;
   for (int64_t c = c0; c < c1; ++c)
-    count += cache_row(set.cache, index_entry(set.indices, set.is_int64, base + c * set.stride_k), rows + count);
+    count += cache_row(set.cache, set.layout, index_entry(set.indices, set.is_int64, base + c * set.stride_k),
+                       rows + count);
   return count;
 }
 
@@ -173,12 +174,11 @@ struct DecodeProblem {
   const SparseMlaDecodeParams& p;
   int64_t queries, heads, d_qk, q_stride_h, threads, max_columns;
   float scale;
-  RowFormat format;
 
   explicit DecodeProblem(const SparseMlaDecodeParams& params)
       : p(params), queries(params.b * params.s_q), heads(params.h_q), d_qk(params.d_qk), q_stride_h(params.q_stride_h),
         threads(params.threads), max_columns(params.main.topk + (params.extra.indices ? params.extra.topk : 0)),
-        scale(params.sm_scale), format(params.layout == KvLayout::model1 ? RowFormat::model1 : RowFormat::v32) {}
+        scale(params.sm_scale) {}
 
   const uint16_t* query(int64_t t) const { return p.q + (t / p.s_q) * p.q_stride_b + (t % p.s_q) * p.q_stride_s; }
   int64_t columns(int64_t t) const { return set_columns(p.main, t / p.s_q) + set_columns(p.extra, t / p.s_q); }
@@ -198,7 +198,6 @@ struct PrefillProblem {
   const SparseMlaPrefillParams& p;
   int64_t queries, heads, d_qk, q_stride_h, threads, max_columns;
   float scale;
-  RowFormat format = RowFormat::bf16;
 
   explicit PrefillProblem(const SparseMlaPrefillParams& params)
       : p(params), queries(params.s_q), heads(params.h_q), d_qk(params.d_qk), q_stride_h(params.q_stride_h),
@@ -211,7 +210,7 @@ struct PrefillProblem {
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t i = index_entry(p.indices, p.is_int64, t * p.idx_stride_s + c * p.idx_stride_k);
       if (i < 0 || i >= p.s_kv) continue;
-      rows[count++] = {reinterpret_cast<const uint8_t*>(p.kv + i * p.kv_stride), 0, 1};
+      rows[count++] = {reinterpret_cast<const uint8_t*>(p.kv + i * p.kv_stride), nullptr, RowFormat::bf16};
     }
     return count;
   }

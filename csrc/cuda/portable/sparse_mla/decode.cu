@@ -32,7 +32,8 @@ __global__ void __launch_bounds__(kCtaThreads) sparse_mla_decode_kernel(SparseMl
                          heads, words);
         for (int64_t block = piece.block_begin; block < piece.block_end; ++block) {
           const mla::BlockColumns cols = mla::block_columns(p, r, block);
-          const mla::CacheEntrySource src{cols.extra ? p.extra : p.main, p.layout, r, s};
+          const SparseIndexSet& set = cols.extra ? p.extra : p.main;
+          const mla::CacheEntrySource src{set, set.layout, r, s};
           for (int64_t tile = 0; tile < cols.count; tile += kTileEntries) {
             const int64_t count = cols.count - tile < kTileEntries ? cols.count - tile : kTileEntries;
             mla::attend_tile(sm, st, src, cols.first + tile, int(count), words, p.sm_scale);

@@ -1086,7 +1086,8 @@ bool cache_is_aligned(const SparseIndexSet& set) {
 }
 
 bool covered(const SparseMlaDecodeParams& p) {
-  return p.layout == KvLayout::model1 && p.d_qk == kDim && p.d_v == kDim && p.s_q <= kMaxGridYZ &&
+  return p.main.layout == KvLayout::model1 && (!p.extra.indices || p.extra.layout == KvLayout::model1) &&
+         p.d_qk == kDim && p.d_v == kDim && p.s_q <= kMaxGridYZ &&
          p.sched.num_parts >= 1 && p.sched.num_parts <= kMaxGridYZ && cache_is_aligned(p.main) &&
          cache_is_aligned(p.extra);
 }
