@@ -1,8 +1,15 @@
-"""Cache layouts: page-size arithmetic, allocation, exact quantize/dequantize helpers, block allocator.
+"""Cache layouts: page-size arithmetic, allocation, exact quantize/dequantize helpers, conversions, block allocator.
 
-Every cache is allocated as ``[num_blocks, ...]`` whose page stride (``stride(0)``) is the raw page
-size rounded up to a multiple of 576 bytes; kernels always honour ``stride(0)``, so views into a
-larger pooled allocation work as well. Byte layouts are specified in :mod:`dsv4.reference.quant`.
+Every cache is allocated as ``[num_blocks, ...]`` with a page stride (``stride(0)``) of the raw page size
+rounded up: MODEL1, V32 and the indexer K cache to a multiple of 576 bytes, page-split V4.1 caches to a
+multiple of 512 (as vLLM and SGLang pad them), per-token V4.1 caches not at all (as FlashMLA upstream).
+Kernels always honour ``stride(0)``, so views into a larger pooled allocation work as well. Byte layouts
+are specified in :mod:`dsv4.reference.quant`.
+
+Records (``layout``): ``model1`` (584 B, DeepSeek-V4.0), ``v32`` (656 B, V3.2), ``v41_fp8`` (528 B) and
+``v41_fp4`` (288 B, extra caches only) of DeepSeek-V4.1. Placements of the V4.1 records: ``page_split`` (a
+page's data rows, then its scale rows; vLLM's and SGLang's) and ``per_token`` (each entry's scales after its
+data; FlashMLA upstream's).
 """
 
 from __future__ import annotations
@@ -14,6 +21,10 @@ import torch
 
 from .constants import (
     CACHE_ALIGNMENT,
+    V41_FP4_BYTES_PER_TOKEN,
+    V41_FP8_BYTES_PER_TOKEN,
+    V41_HEAD_DIM,
+    V41_PAGE_ALIGNMENT,
     INDEXER_HEAD_DIM,
     INDEXER_K_BYTES_PER_ENTRY,
     MODEL1_BYTES_PER_TOKEN,
@@ -21,16 +32,16 @@ from .constants import (
     V32_BYTES_PER_TOKEN,
     V32_HEAD_DIM,
 )
-from .reference.quant import (
-    indexer_k_pack,
-    model1_pack,
-    model1_unpack,
-    v32_pack,
-    v32_unpack,
-)
+from .reference.quant import RECORDS, indexer_k_pack
+from .reference.quant import convert_placement as _reference_convert_placement
 
-KV_LAYOUTS = {"model1": MODEL1_BYTES_PER_TOKEN, "v32": V32_BYTES_PER_TOKEN}
-KV_HEAD_DIMS = {"model1": MODEL1_HEAD_DIM, "v32": V32_HEAD_DIM}
+KV_LAYOUTS = {"model1": MODEL1_BYTES_PER_TOKEN, "v32": V32_BYTES_PER_TOKEN, "v41_fp8": V41_FP8_BYTES_PER_TOKEN,
+              "v41_fp4": V41_FP4_BYTES_PER_TOKEN}
+KV_HEAD_DIMS = {"model1": MODEL1_HEAD_DIM, "v32": V32_HEAD_DIM, "v41_fp8": V41_HEAD_DIM, "v41_fp4": V41_HEAD_DIM}
+V41_LAYOUTS = ("v41_fp8", "v41_fp4")
+PLACEMENTS = ("page_split", "per_token")
+# FlashMLA's k_cache.shape[-1] -> the record it names
+LAYOUT_OF_ENTRY_BYTES = {bytes_: layout for layout, bytes_ in KV_LAYOUTS.items()}
 FP32_BYTES = 4
 
 
@@ -49,11 +60,21 @@ def _check_geometry(num_blocks: int | None, block_size: int) -> None:
         raise ValueError(f"block_size (tokens per page) must be an int >= 1, got {block_size!r}")
 
 
-def kv_page_bytes(block_size: int, layout: str = "model1") -> int:
-    """Padded page bytes of a MODEL1 (584 B/token) or V32 (656 B/token) KV cache."""
-    _check_geometry(None, block_size)
+def _check_layout(layout: str, placement: str = "page_split") -> None:
     if layout not in KV_LAYOUTS:
         raise ValueError(f"unknown KV layout {layout!r}; supported: {sorted(KV_LAYOUTS)}")
+    if placement not in PLACEMENTS:
+        raise ValueError(f"unknown placement {placement!r}; supported: {PLACEMENTS}")
+
+
+def kv_page_bytes(block_size: int, layout: str = "model1", placement: str = "page_split") -> int:
+    """Padded page bytes of a KV cache of ``layout`` records (MODEL1 584 B/token, V32 656, V4.1 fp8 528, V4.1 fp4
+    288): V4.1 pages padded to a multiple of 512 bytes when page-split, unpadded when per-token; the others to 576."""
+    _check_geometry(None, block_size)
+    _check_layout(layout, placement)
+    if layout in V41_LAYOUTS:
+        alignment = V41_PAGE_ALIGNMENT if placement == "page_split" else 1
+        return aligned_page_bytes(block_size, KV_LAYOUTS[layout], alignment)
     return aligned_page_bytes(block_size, KV_LAYOUTS[layout])
 
 
@@ -77,10 +98,11 @@ def compressor_state_page_bytes(block_size: int, head_dim: int, compress_ratio: 
     return aligned_page_bytes(block_size, compressor_state_row_floats(head_dim, compress_ratio) * FP32_BYTES)
 
 
-def allocate_kv_cache(num_blocks: int, block_size: int, layout: str = "model1", device=None) -> torch.Tensor:
-    """uint8 ``[num_blocks, page_bytes]`` MODEL1 or V32 cache (zero-filled)."""
+def allocate_kv_cache(num_blocks: int, block_size: int, layout: str = "model1", device=None,
+                      placement: str = "page_split") -> torch.Tensor:
+    """uint8 ``[num_blocks, page_bytes]`` cache of ``layout`` records in ``placement`` (zero-filled)."""
     _check_geometry(num_blocks, block_size)
-    return torch.zeros(num_blocks, kv_page_bytes(block_size, layout), dtype=torch.uint8, device=device)
+    return torch.zeros(num_blocks, kv_page_bytes(block_size, layout, placement), dtype=torch.uint8, device=device)
 
 
 def allocate_indexer_k_cache(num_blocks: int, block_size: int = 64, device=None) -> torch.Tensor:
@@ -100,25 +122,62 @@ def allocate_compressor_state(
     return pages[:, : block_size * row].view(num_blocks, block_size, row)
 
 
-def quantize_kv(kv: torch.Tensor, layout: str = "model1") -> torch.Tensor:
-    """Exact cache entries of rows ``kv``: MODEL1 -> ``[N, 584]`` (576 data + 8 scale bytes as stored
-    for one token), V32 -> ``[N, 656]``."""
-    if layout == "model1":
-        data, scales = model1_pack(kv)
-        return torch.cat([data, scales], dim=1)
-    if layout == "v32":
-        return v32_pack(kv)
-    raise ValueError(f"unknown KV layout {layout!r}; supported: {sorted(KV_LAYOUTS)}")
+def quantize_kv(kv: torch.Tensor, layout: str = "model1", rule: str = "flashmla") -> torch.Tensor:
+    """Exact cache entries of rows ``kv`` as one token's bytes: data then scales (MODEL1 ``[N, 584]``, V32
+    ``[N, 656]``, V4.1 fp8 ``[N, 528]``, V4.1 fp4 ``[N, 288]``). ``rule``: the V4.1 fp8 scale rule
+    (``flashmla``, what the kernels write, or ``vllm``; :func:`dsv4.reference.quant.v41_fp8_pack`)."""
+    _check_layout(layout)
+    pack = RECORDS[layout][3]
+    data, scales = pack(kv, rule) if layout == "v41_fp8" else pack(kv)
+    return torch.cat([data, scales], dim=1)
 
 
 def dequantize_kv(entries: torch.Tensor, layout: str = "model1") -> torch.Tensor:
     """float32 rows of entries produced by :func:`quantize_kv`."""
-    if layout == "model1":
-        data_bytes = MODEL1_BYTES_PER_TOKEN - 8
-        return model1_unpack(entries[:, :data_bytes], entries[:, data_bytes:])
-    if layout == "v32":
-        return v32_unpack(entries)
-    raise ValueError(f"unknown KV layout {layout!r}; supported: {sorted(KV_LAYOUTS)}")
+    _check_layout(layout)
+    data_bytes = RECORDS[layout][1]
+    return RECORDS[layout][4](entries[:, :data_bytes], entries[:, data_bytes:])
+
+
+def convert_placement(cache: torch.Tensor, block_size: int, layout: str, src: str, dst: str) -> torch.Tensor:
+    """A V4.1 cache's pages in the other placement (a byte permutation per page, on the cache's device): returns a
+    fresh ``[num_blocks, kv_page_bytes(block_size, layout, dst)]`` uint8 cache."""
+    _check_layout(layout, src)
+    _check_layout(layout, dst)
+    out = allocate_kv_cache(cache.shape[0], block_size, layout, cache.device, dst)
+    pages = _page_bytes(cache)[:, : min(out.shape[1], _page_bytes(cache).shape[1])]
+    padded = torch.zeros(cache.shape[0], max(out.shape[1], pages.shape[1]), dtype=torch.uint8, device=cache.device)
+    padded[:, : pages.shape[1]] = pages
+    converted = _reference_convert_placement(padded, block_size, layout, src, dst)
+    out.copy_(converted[:, : out.shape[1]])
+    return out
+
+
+def convert_kv_cache(cache: torch.Tensor, block_size: int, src_layout: str, dst_layout: str,
+                     src_placement: str = "page_split", dst_placement: str = "page_split") -> torch.Tensor:
+    """Every entry of a cache re-quantized into another record (e.g. V4.0's 584-byte MODEL1 into V4.1's 528-byte fp8,
+    or back), by the kernels of the cache's device: each entry is read to its exact bf16 values
+    (``dequantize_kv_gather``) and written by ``quantize_kv_insert``. Returns a fresh cache with the same blocks.
+    Values survive where the target record can hold them: MODEL1 -> V4.1 fp8 keeps the NoPE dims exactly and
+    rounds the bf16 RoPE dims to e4m3; V4.1 fp8 -> MODEL1 keeps every value whose code the wider 64-dim tile still
+    represents."""
+    _check_layout(src_layout, src_placement)
+    _check_layout(dst_layout, dst_placement)
+    if KV_HEAD_DIMS[src_layout] != KV_HEAD_DIMS[dst_layout]:
+        raise ValueError(f"records {src_layout} and {dst_layout} hold different head dims "
+                         f"({KV_HEAD_DIMS[src_layout]} and {KV_HEAD_DIMS[dst_layout]})")
+    from . import ops  # the kernels (dsv4.cache itself is importable without the extension)
+
+    slots = torch.arange(cache.shape[0] * block_size, device=cache.device)
+    rows = ops.dequantize_kv_gather(cache, slots, block_size, layout=src_layout, placement=src_placement)
+    out = allocate_kv_cache(cache.shape[0], block_size, dst_layout, cache.device, dst_placement)
+    ops.quantize_kv_insert(rows, slots, out, block_size, layout=dst_layout, placement=dst_placement)
+    return out
+
+
+def _page_bytes(cache: torch.Tensor) -> torch.Tensor:
+    flat = cache.view(torch.uint8) if cache.dtype != torch.uint8 else cache
+    return flat.reshape(flat.shape[0], -1)
 
 
 def quantize_indexer_k(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .constants import INDEXER_HEAD_DIM, MODEL1_HEAD_DIM
+from .constants import INDEXER_HEAD_DIM, MODEL1_HEAD_DIM, V32_HEAD_DIM
 from .reference import OP_IMPLS
 
 _ops = torch.ops.dsv4
@@ -39,10 +39,11 @@ def _check_same_device(op: str, arg_names: tuple[str, ...], args: tuple, kwargs:
 
 
 def _fake(op: str):
-    """Registers ``fn`` as the fake (meta) kernel of dsv4::op, behind the device check: shapes and dtypes only. Each
-    op's fake sits right after its wrapper."""
+    """Registers ``fn`` as the fake (meta) kernel of dsv4::op (``name`` or ``name.overload``), behind the device
+    check: shapes and dtypes only. Each op's fake sits right after its wrapper."""
 
-    arg_names = tuple(a.name for a in getattr(_ops, op).default._schema.arguments)
+    name, _, overload = op.partition(".")
+    arg_names = tuple(a.name for a in getattr(getattr(_ops, name), overload or "default")._schema.arguments)
 
     def register(fn):
         def fake(*args, **kwargs):
@@ -77,22 +78,28 @@ def qnorm_rope_kv_insert(
     *,
     padded_heads: int | None = None,
     q_out: torch.Tensor | None = None,
+    q_norm: bool = True,
+    layout: str = "model1",
+    placement: str = "page_split",
 ) -> torch.Tensor:
-    """Per-head weight-free RMSNorm + RoPE of q; RoPE + MODEL1 quantize + insert of kv.
+    """Per-head weight-free RMSNorm (``q_norm``; DeepSeek-V4.1 has none) + RoPE of q; RoPE + quantize + insert of kv.
 
     q: bf16/fp16/fp32 ``[T, H, 512]`` (last dim contiguous). kv: same dtype ``[>= T_ins, 512]``.
     positions: ``[T]``. slot_mapping: ``[T_ins]`` (T_ins <= T) SWA-cache slots, -1 skips.
-    kv_cache: MODEL1 pages (584 B per entry). Returns q_out ``[T, padded_heads, 512]`` (heads
+    kv_cache: pages of the ``layout`` record (``model1`` 584 B, ``v41_fp8`` 528 B, ``v41_fp4`` 288 B per entry;
+    V4.1 in ``placement`` ``page_split`` or ``per_token``). Returns q_out ``[T, padded_heads, 512]`` (heads
     past H are exactly 0); pass ``q_out`` to write into a preallocated contiguous buffer.
     """
     if q_out is None:
         heads = q.shape[1] if padded_heads is None else padded_heads
         q_out = q.new_empty(q.shape[0], heads, q.shape[2])
-    _ops.qnorm_rope_kv_insert(q, kv, positions, cos_sin_cache, slot_mapping, kv_cache, block_size, eps, q_out)
+    _ops.qnorm_rope_kv_insert.layout(q, kv, positions, cos_sin_cache, slot_mapping, kv_cache, block_size, eps, q_out,
+                                     q_norm, layout, placement)
     return q_out
 
 
 _fake_writes_only("qnorm_rope_kv_insert")
+_fake_writes_only("qnorm_rope_kv_insert.layout")
 
 
 def indexer_q_rope_quant(
@@ -155,19 +162,25 @@ def compress_norm_rope_store(
     kv_cache: torch.Tensor,
     block_size: int,
     compress_ratio: int,
+    *,
+    layout: str = "model1",
+    placement: str = "page_split",
 ) -> None:
-    """Compressed MLA entry (head 512) into a MODEL1 cache, for tokens with ``(p+1) % R == 0``.
+    """Compressed MLA entry (head 512) into a ``layout`` cache (``model1``, ``v41_fp8`` or ``v41_fp4`` in
+    ``placement``), for tokens with ``(p+1) % R == 0``.
 
     gather_slots ``[T, coff*R]``: state slots of positions ``p-coff*R+1 .. p`` (-1 invalid); row w
     uses projection half ``w // R``. Per channel softmax-pool over valid rows, RMSNorm with
-    ``rms_norm_weight`` fp32 ``[512]``, RoPE at ``(p // R) * R``, MODEL1 quantize at
+    ``rms_norm_weight`` fp32 ``[512]``, RoPE at ``(p // R) * R``, quantize at
     ``kv_slot_mapping[t]``. A token with no valid window row writes nothing.
     """
-    _ops.compress_norm_rope_store(state_cache, gather_slots, positions, kv_slot_mapping, rms_norm_weight,
-                                  rms_norm_eps, cos_sin_cache, kv_cache, block_size, compress_ratio)
+    _ops.compress_norm_rope_store.layout(state_cache, gather_slots, positions, kv_slot_mapping, rms_norm_weight,
+                                         rms_norm_eps, cos_sin_cache, kv_cache, block_size, compress_ratio, layout,
+                                         placement)
 
 
 _fake_writes_only("compress_norm_rope_store")
+_fake_writes_only("compress_norm_rope_store.layout")
 
 
 def compress_norm_rope_store_indexer(
@@ -190,24 +203,49 @@ def compress_norm_rope_store_indexer(
 _fake_writes_only("compress_norm_rope_store_indexer")
 
 
-def quantize_kv_insert(kv: torch.Tensor, slot_mapping: torch.Tensor, kv_cache: torch.Tensor, block_size: int) -> None:
-    """Quantize rows of kv into a MODEL1 (``[T, 512]``) or V32 (``[T, 576]``) cache; no RoPE applied."""
-    _ops.quantize_kv_insert(kv, slot_mapping, kv_cache, block_size)
+def quantize_kv_insert(
+    kv: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_size: int,
+    *,
+    layout: str = "auto",
+    placement: str = "page_split",
+) -> None:
+    """Quantize rows of kv (bf16-rounded first) into a ``layout`` cache; no RoPE applied. ``auto``: MODEL1 for
+    ``[T, 512]``, V32 for ``[T, 576]``; ``v41_fp8`` / ``v41_fp4`` take ``[T, 512]`` in either ``placement``."""
+    _ops.quantize_kv_insert.layout(kv, slot_mapping, kv_cache, block_size, layout, placement)
 
 
 _fake_writes_only("quantize_kv_insert")
+_fake_writes_only("quantize_kv_insert.layout")
 
 
 def dequantize_kv_gather(
-    kv_cache: torch.Tensor, slots: torch.Tensor, block_size: int, head_dim: int = MODEL1_HEAD_DIM
+    kv_cache: torch.Tensor,
+    slots: torch.Tensor,
+    block_size: int,
+    head_dim: int = MODEL1_HEAD_DIM,
+    *,
+    layout: str | None = None,
+    placement: str = "page_split",
 ) -> torch.Tensor:
-    """bf16 ``[*slots.shape, head_dim]`` rows read from a MODEL1 (512) or V32 (576) cache; invalid slots give 0."""
-    return _ops.dequantize_kv_gather(kv_cache, slots, block_size, head_dim)
+    """bf16 ``[*slots.shape, dims]`` rows read from a cache; invalid slots give 0. Without ``layout``, head_dim
+    names the record (512: MODEL1, 576: V32); ``layout`` names any record (``v41_fp8`` and ``v41_fp4`` in
+    ``placement``) and its dims."""
+    if layout is None:
+        return _ops.dequantize_kv_gather(kv_cache, slots, block_size, head_dim)
+    return _ops.dequantize_kv_gather.layout(kv_cache, slots, block_size, layout, placement)
 
 
 @_fake("dequantize_kv_gather")
 def _dequantize_kv_gather_fake(kv_cache, slots, block_size, head_dim):
     return slots.new_empty((*slots.shape, head_dim), dtype=torch.bfloat16)
+
+
+@_fake("dequantize_kv_gather.layout")
+def _dequantize_kv_gather_layout_fake(kv_cache, slots, block_size, layout, placement):
+    return slots.new_empty((*slots.shape, V32_HEAD_DIM if layout == "v32" else MODEL1_HEAD_DIM), dtype=torch.bfloat16)
 
 
 def indexer_k_quant_insert(
@@ -389,28 +427,37 @@ def sparse_mla_decode(
     sm_scale: float | None = None,
     tile_scheduler_metadata: torch.Tensor | None = None,
     num_splits: torch.Tensor | None = None,
+    layout: str = "auto",
+    extra_layout: str = "auto",
+    placement: str = "page_split",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashMLA sparse decode over fp8 caches: one softmax over the main and extra index sets, plus the sink.
 
-    Contract (shapes, validity of entries, out and lse, NaN and empty rules, the sink):
+    Contract (shapes, validity of entries, out and lse, NaN and empty rules, the sink, the records):
     :func:`dsv4.reference.sparse_mla.sparse_mla_decode`, which this matches.
+    ``layout`` / ``extra_layout``: the records of the two caches (``auto``: MODEL1 for d_qk 512, V32 for 576; the
+    extra set's defaults to the main set's); DeepSeek-V4.1 pairs a ``v41_fp8`` main cache with a ``v41_fp8`` or
+    ``v41_fp4`` extra cache, both in ``placement`` (``page_split`` as vLLM writes them, or ``per_token``).
     ``tile_scheduler_metadata`` / ``num_splits``: a plan from :func:`sparse_mla_decode_schedule` for these
     lengths (CUDA plans on the device when they are None; the CPU ignores them).
     """
     scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
-    return _ops.sparse_mla_decode(q, kv_cache, indices, topk_length, attn_sink, extra_kv_cache, extra_indices,
-                                  extra_topk_length, block_size, extra_block_size, head_dim_v, scale,
-                                  tile_scheduler_metadata, num_splits)
+    return _ops.sparse_mla_decode.layout(q, kv_cache, indices, topk_length, attn_sink, extra_kv_cache, extra_indices,
+                                         extra_topk_length, block_size, extra_block_size, head_dim_v, scale,
+                                         tile_scheduler_metadata, num_splits, layout, extra_layout, placement)
 
 
-@_fake("sparse_mla_decode")
 def _sparse_mla_decode_fake(q, kv_cache, indices, topk_length, attn_sink, extra_kv_cache, extra_indices,
                             extra_topk_length, block_size, extra_block_size, head_dim_v, sm_scale,
-                            tile_scheduler_metadata=None, num_splits=None):
+                            tile_scheduler_metadata=None, num_splits=None, *records):
     b, s_q, h_q, _ = q.shape
     out = q.new_empty((b, s_q, h_q, head_dim_v), dtype=torch.bfloat16)
     lse = q.new_empty((b, h_q, s_q), dtype=torch.float32)
     return out, lse
+
+
+_fake("sparse_mla_decode")(_sparse_mla_decode_fake)
+_fake("sparse_mla_decode.layout")(_sparse_mla_decode_fake)
 
 
 def sparse_mla_decode_schedule(

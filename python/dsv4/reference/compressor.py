@@ -89,17 +89,19 @@ def compress_norm_rope_store(
     kv_cache: torch.Tensor,
     block_size: int,
     compress_ratio: int,
+    layout: str = "model1",
+    placement: str = "page_split",
 ) -> None:
-    """Head 512 compressed entries into a MODEL1 cache.
+    """Head 512 compressed entries into a ``layout`` cache (MODEL1, V4.1 fp8 or fp4 in ``placement``).
 
     For each token with ``(p+1) % R == 0`` and a valid ``kv_slot_mapping`` entry: pool the window,
-    RMSNorm, rotate the un-rounded last 64 dims at ``(p // R) * R``, then MODEL1-quantize (NoPE
-    bf16-rounded then tile-quantized, RoPE stored bf16). A token whose window has no valid row
-    writes nothing (its softmax would be 0/0): the cache entry keeps its old bytes.
+    RMSNorm, rotate the un-rounded last 64 dims at ``(p // R) * R``, then quantize (MODEL1: NoPE
+    bf16-rounded then tile-quantized, RoPE stored bf16; V4.1: all dims bf16-rounded, then quantized). A token
+    whose window has no valid row writes nothing (its softmax would be 0/0): the cache entry keeps its old bytes.
     """
     entries, slots = _rotated_entries(state_cache, gather_slots, positions, kv_slot_mapping, rms_norm_weight,
                                       rms_norm_eps, cos_sin_cache, compress_ratio, MODEL1_HEAD_DIM)
-    quant.model1_write(kv_cache, slots, block_size, entries)
+    quant.write_records(kv_cache, slots, block_size, entries, layout, placement)
 
 
 def compress_norm_rope_store_indexer(

@@ -36,11 +36,26 @@ HEAD_DIM_V = MODEL1_HEAD_DIM  # both layouts attend with V = the first 512 dims 
 MAX_HEADS = 128
 # Largest [tokens x entries x d_qk] fp32 block of gathered keys held at once (bounds memory on big batches).
 GATHER_BLOCK_ELEMENTS = 1 << 24
-# d_qk -> (reference row reader, bytes per cache entry) of the fp8 cache layouts.
+# d_qk -> (reference row reader, bytes per cache entry) of the records a head dim alone names ("auto").
 CACHE_LAYOUTS = {
     MODEL1_HEAD_DIM: (quant.model1_read, MODEL1_BYTES_PER_TOKEN),
     V32_HEAD_DIM: (quant.v32_read, V32_BYTES_PER_TOKEN),
 }
+# (main, extra) records a decode may pair.
+RECORD_PAIRS = (("model1", "model1"), ("v32", "v32"), ("v41_fp8", "v41_fp8"), ("v41_fp8", "v41_fp4"))
+
+
+def decode_records(d_qk: int, layout: str = "auto", extra_layout: str = "auto") -> tuple[str, str]:
+    """The (main, extra) records of a decode: ``auto`` gives MODEL1 for d_qk 512 and V32 for 576, the extra set's
+    the main set's; raises ValueError for a pair outside :data:`RECORD_PAIRS` or a head dim the record lacks."""
+    main = ("model1" if d_qk == MODEL1_HEAD_DIM else "v32") if layout == "auto" else layout
+    extra = main if extra_layout == "auto" else extra_layout
+    if (main, extra) not in RECORD_PAIRS:
+        raise ValueError(f"records (layout, extra_layout) = ({main}, {extra}) are not a supported pair; "
+                         f"supported: {RECORD_PAIRS}")
+    if quant.RECORDS[main][0] != d_qk:
+        raise ValueError(f"q head dim {d_qk} does not match the {main} record ({quant.RECORDS[main][0]} dims)")
+    return main, extra
 
 
 def attend(q, rows, row_ids, valid, sm_scale, head_dim_v, attn_sink=None):
@@ -76,14 +91,14 @@ def attend(q, rows, row_ids, valid, sm_scale, head_dim_v, attn_sink=None):
     return out, max_logits, lse
 
 
-def _cache_table(cache, indices, lengths, block_size, d_qk):
+def _cache_table(cache, indices, lengths, block_size, layout, placement):
     """Valid mask ``[b, s_q, topk]``, the distinct valid slots' rows (each read once) and each entry's row id."""
     capacity = cache.shape[0] * block_size
     valid = (indices >= 0) & (indices < capacity)
     if lengths is not None:
         valid &= torch.arange(indices.shape[-1]) < lengths.long()[:, None, None]
     slots, inverse = torch.unique(indices[valid].long(), return_inverse=True)
-    rows = CACHE_LAYOUTS[d_qk][0](cache, slots, block_size)
+    rows = quant.read_records(cache, slots, block_size, layout, placement)
     row_ids = torch.zeros(indices.shape, dtype=torch.int64)
     row_ids[valid] = inverse
     return valid, rows, row_ids
@@ -102,10 +117,15 @@ def sparse_mla_decode(
     extra_block_size: int = 0,
     head_dim_v: int = HEAD_DIM_V,
     sm_scale: float | None = None,
+    layout: str = "auto",
+    extra_layout: str = "auto",
+    placement: str = "page_split",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The contract of sparse MLA decode (every other description of it points here).
 
-    q bf16 ``[b, s_q, h_q, d_qk]``, h_q 1 to 128; d_qk 512 reads a MODEL1 cache, 576 a V32 cache. indices
+    q bf16 ``[b, s_q, h_q, d_qk]``, h_q 1 to 128. The caches hold the records ``layout`` and ``extra_layout``
+    (:func:`decode_records`: by default d_qk 512 reads MODEL1 caches, 576 V32 caches; DeepSeek-V4.1 pairs a
+    ``v41_fp8`` main cache with a ``v41_fp8`` or ``v41_fp4`` extra cache, both in ``placement``). indices
     int32 / int64 ``[b, s_q, topk]`` are global slots ``block * block_size + offset``; an entry is invalid (skipped)
     when -1, outside ``[0, num_blocks * block_size)`` or at a column >= ``topk_length[b]``; a slot listed twice counts
     twice. The extra set (the same rules with the extra_* arguments, its own cache and block size) joins the same
@@ -118,12 +138,13 @@ def sparse_mla_decode(
     """
     batch, s_q, heads, d_qk = q.shape
     scale = d_qk**-0.5 if sm_scale is None else sm_scale
-    sets = [(kv_cache, indices, topk_length, block_size)]
+    main_layout, extra_layout = decode_records(d_qk, layout, extra_layout)
+    sets = [(kv_cache, indices, topk_length, block_size, main_layout)]
     if extra_kv_cache is not None:
-        sets.append((extra_kv_cache, extra_indices, extra_topk_length, extra_block_size))
+        sets.append((extra_kv_cache, extra_indices, extra_topk_length, extra_block_size, extra_layout))
     masks, tables, ids = [], [], []
-    for cache, idx, lengths, bs in sets:
-        valid, rows, row_ids = _cache_table(cache, idx, lengths, bs, d_qk)
+    for cache, idx, lengths, bs, record in sets:
+        valid, rows, row_ids = _cache_table(cache, idx, lengths, bs, record, placement)
         masks.append(valid)
         ids.append(row_ids + sum(t.shape[0] for t in tables))
         tables.append(rows)
