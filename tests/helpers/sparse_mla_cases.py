@@ -37,12 +37,20 @@ def require_full_grid(request) -> None:
         pytest.skip(f"full grid: set {FULL_GRID_ENV}=1 or select -m slow")
 
 
-def poisoned_cache(d_qk: int, num_blocks: int, block_size: int, written: torch.Tensor) -> torch.Tensor:
-    """A cache with random rows at the ``written`` slots and NaN everywhere else, padded pages."""
-    cache = random_pages(num_blocks, kv_page_bytes(block_size, LAYOUTS[d_qk]), PAD_BYTES)
+# FlashMLA's decode tolerances against a reference on the dequantized cache (the V4.1 tests hold to them)
+FLASHMLA_OUT_ATOL, FLASHMLA_OUT_RTOL, FLASHMLA_COSINE_DIFF = 1e-3, 2.01 / 128, 5e-6
+FLASHMLA_LSE_ATOL, FLASHMLA_LSE_RTOL = 1e-6, 8.01 / 65536
+
+
+def poisoned_cache(d_qk: int, num_blocks: int, block_size: int, written: torch.Tensor, layout: str | None = None,
+                   placement: str = "page_split") -> torch.Tensor:
+    """A cache with random rows at the ``written`` slots and NaN everywhere else, padded pages (``layout``: the
+    record, by default the one d_qk names)."""
+    layout = layout or LAYOUTS[d_qk]
+    cache = random_pages(num_blocks, kv_page_bytes(block_size, layout, placement), PAD_BYTES)
     cache.fill_(NAN_BYTE)
     slots = torch.unique(written.long())
-    WRITERS[d_qk](cache, slots, block_size, torch.randn(len(slots), d_qk) * KV_SPREAD)
+    quant.write_records(cache, slots, block_size, torch.randn(len(slots), d_qk) * KV_SPREAD, layout, placement)
     return cache
 
 
@@ -77,12 +85,16 @@ class DecodeCase:
     extra_topk_length: bool = False
     sink: bool = True
     index_dtype: torch.dtype = torch.int32
+    layout: str = "auto"  # the records of the two caches (sparse_mla.decode_records)
+    extra_layout: str = "auto"
+    placement: str = "page_split"
 
     def __str__(self) -> str:
         extra = f"+{self.extra_topk}p{self.extra_page}" if self.extra_topk is not None else ""
         flags = "".join(c for c, on in (("L", self.topk_length), ("E", self.extra_topk_length), ("S", self.sink)) if on)
-        return (f"d{self.d_qk}-b{self.b}-s{self.s_q}-h{self.h_q}-k{self.topk}p{self.page}{extra}-{flags or 'plain'}-"
-                f"{str(self.index_dtype).removeprefix('torch.')}")
+        records = "" if self.layout == "auto" else f"{self.layout}+{self.extra_layout}-{self.placement}-"
+        return (f"{records}d{self.d_qk}-b{self.b}-s{self.s_q}-h{self.h_q}-k{self.topk}p{self.page}{extra}-"
+                f"{flags or 'plain'}-{str(self.index_dtype).removeprefix('torch.')}")
 
 
 def lengths_for(b: int, topk: int) -> torch.Tensor:
@@ -94,22 +106,26 @@ def lengths_for(b: int, topk: int) -> torch.Tensor:
     return lengths.to(torch.int32)
 
 
-def index_set(d_qk: int, b: int, s_q: int, topk: int, page: int, with_length: bool, dtype: torch.dtype):
+def index_set(d_qk: int, b: int, s_q: int, topk: int, page: int, with_length: bool, dtype: torch.dtype,
+              layout: str | None = None, placement: str = "page_split"):
     """(cache, indices, lengths) with about 2 * topk distinct slots of capacity; NaN where nothing attends."""
     num_blocks = max(2, math.ceil(2 * topk / page))
     capacity = num_blocks * page
     indices = random_indices((b, s_q, topk), capacity, dtype)
     lengths = lengths_for(b, topk).to(dtype) if with_length else None
     written = indices[valid_mask(indices, capacity, lengths)]
-    return poisoned_cache(d_qk, num_blocks, page, written), indices, lengths
+    return poisoned_cache(d_qk, num_blocks, page, written, layout, placement), indices, lengths
 
 
 def decode_inputs(case: DecodeCase) -> dict:
     """Keyword arguments of dsv4.ops.sparse_mla_decode (and of the reference) for a case."""
+    main, extra = sparse_mla.decode_records(case.d_qk, case.layout, case.extra_layout)
     cache, indices, lengths = index_set(case.d_qk, case.b, case.s_q, case.topk, case.page, case.topk_length,
-                                        case.index_dtype)
+                                        case.index_dtype, main, case.placement)
     args = dict(q=(torch.randn(case.b, case.s_q, case.h_q, case.d_qk)).bfloat16(), kv_cache=cache, indices=indices,
                 block_size=case.page, topk_length=lengths, sm_scale=case.d_qk**-0.5)
+    if case.layout != "auto":
+        args.update(layout=main, extra_layout=extra, placement=case.placement)
     if case.sink:  # finite sinks of both signs plus the two infinities
         sink = torch.randn(case.h_q) * 2
         sink[1::5] = math.inf
@@ -118,26 +134,34 @@ def decode_inputs(case: DecodeCase) -> dict:
     if case.extra_topk is not None:
         extra_cache, extra_indices, extra_lengths = index_set(case.d_qk, case.b, case.s_q, case.extra_topk,
                                                               case.extra_page, case.extra_topk_length,
-                                                              case.index_dtype)
+                                                              case.index_dtype, extra, case.placement)
         args.update(extra_kv_cache=extra_cache, extra_indices=extra_indices, extra_topk_length=extra_lengths,
                     extra_block_size=case.extra_page)
     return args
 
 
-def assert_attention_close(out, lse, ref_out, ref_lse, max_logits=None, ref_max_logits=None) -> None:
-    """Outputs within OUT_TOL, lse (and max_logits) within LSE_TOL where finite; exact zeros / infinities where
-    the reference has them (empty queries, +inf sinks)."""
+def assert_attention_close(out, lse, ref_out, ref_lse, max_logits=None, ref_max_logits=None, *,
+                           flashmla: bool = False) -> None:
+    """Outputs within OUT_TOL, lse (and max_logits) within LSE_TOL where finite (``flashmla``: FlashMLA's decode
+    tolerances and cosine difference); exact zeros / infinities where the reference has them (empty queries, +inf
+    sinks)."""
     assert out.dtype == torch.bfloat16 and out.shape == ref_out.shape
     assert lse.dtype == torch.float32 and lse.shape == ref_lse.shape and lse.is_contiguous()
     assert not out.isnan().any() and not lse.isnan().any(), "NaN leaked from an entry that must not be read"
-    torch.testing.assert_close(out.float(), ref_out.float(), atol=OUT_TOL, rtol=OUT_TOL)
+    out_atol, out_rtol = (FLASHMLA_OUT_ATOL, FLASHMLA_OUT_RTOL) if flashmla else (OUT_TOL, OUT_TOL)
+    lse_atol, lse_rtol = (FLASHMLA_LSE_ATOL, FLASHMLA_LSE_RTOL) if flashmla else (LSE_TOL, LSE_TOL)
+    torch.testing.assert_close(out.float(), ref_out.float(), atol=out_atol, rtol=out_rtol)
+    if flashmla and ref_out.abs().sum() > 0:
+        a, b = out.double().flatten(), ref_out.double().flatten()
+        cosine_diff = 1 - 2 * (a * b).sum() / max((a * a + b * b).sum(), 1e-12)
+        assert cosine_diff < FLASHMLA_COSINE_DIFF, f"cosine difference {cosine_diff:.3g}"
     zero_rows = (ref_out == 0).all(-1)
     assert (out[zero_rows] == 0).all(), "empty queries and +inf sinks must give exact zeros"
     pairs = [(lse, ref_lse)] + ([(max_logits, ref_max_logits)] if max_logits is not None else [])
     for got, want in pairs:
         assert torch.equal(torch.isinf(got), torch.isinf(want)) and torch.equal(got[got.isinf()], want[want.isinf()])
         finite = torch.isfinite(want)
-        torch.testing.assert_close(got[finite], want[finite], atol=LSE_TOL, rtol=LSE_TOL)
+        torch.testing.assert_close(got[finite], want[finite], atol=lse_atol, rtol=lse_rtol)
 
 
 def reference_decode(args: dict):
