@@ -516,6 +516,72 @@ def _sparse_mla_prefill_fake(q, kv, indices, sm_scale, head_dim_v, attn_sink, to
     return out, q.new_empty((s_q, h_q), dtype=torch.float32), q.new_empty((s_q, h_q), dtype=torch.float32)
 
 
+PREFILL_ROUTES = ("decode", "gather")
+
+
+def sparse_mla_prefill_from_cache(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    block_size: int,
+    *,
+    topk_length: torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
+    extra_kv_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_topk_length: torch.Tensor | None = None,
+    extra_block_size: int = 0,
+    sm_scale: float | None = None,
+    layout: str = "auto",
+    extra_layout: str = "auto",
+    placement: str = "page_split",
+    route: str = "decode",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse prefill straight from fp8 caches: q ``[s_q, h_q, d_qk]``, indices (and extra_indices) ``[s_q, topk]``
+    slot ids, lengths ``[s_q]``; returns out bf16 ``[s_q, h_q, 512]`` and lse fp32 ``[s_q, h_q]`` (the decode
+    contract with one query per token).
+
+    ``route="decode"``: every token is a decode request of one query (:func:`sparse_mla_decode`); the CPU kernel
+    dequantizes each attended row into a small staging block as it goes, so no bf16 copy of the attended set
+    exists. ``route="gather"``: the distinct attended rows are dequantized to bf16 (:func:`dequantize_kv_gather`),
+    then :func:`sparse_mla_prefill` attends over them (FlashMLA's prefill takes bf16 rows only; this is how
+    engines feed it from fp8 caches).
+    """
+    if route not in PREFILL_ROUTES:
+        raise ValueError(f"sparse_mla_prefill_from_cache: route must be one of {PREFILL_ROUTES}, got {route!r}")
+    scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+    extra = extra_kv_cache is not None
+    if route == "decode":
+        out, lse = sparse_mla_decode(
+            q[:, None], kv_cache, indices[:, None], block_size, topk_length=topk_length, attn_sink=attn_sink,
+            extra_kv_cache=extra_kv_cache, extra_indices=extra_indices[:, None] if extra else None,
+            extra_topk_length=extra_topk_length, extra_block_size=extra_block_size, sm_scale=scale, layout=layout,
+            extra_layout=extra_layout, placement=placement)
+        return out[:, 0], lse[:, :, 0]
+    from .reference.sparse_mla import decode_records  # noqa: PLC0415 (names the records as the decode does)
+
+    main_layout, extra_layout_ = decode_records(q.shape[-1], layout, extra_layout)
+    sets = [(kv_cache, indices, topk_length, block_size, main_layout)]
+    if extra:
+        sets.append((extra_kv_cache, extra_indices, extra_topk_length, extra_block_size, extra_layout_))
+    rows, ids, first = [], [], 0
+    for cache, idx, lengths, bs, record in sets:
+        capacity = cache.shape[0] * bs
+        valid = (idx >= 0) & (idx < capacity)
+        if lengths is not None:
+            valid &= torch.arange(idx.shape[-1], device=idx.device) < lengths.to(idx.device).long()[:, None]
+        slots, inverse = torch.unique(torch.where(valid, idx.long(), -1), return_inverse=True)
+        rows.append(dequantize_kv_gather(cache, slots, bs, layout=record, placement=placement))
+        ids.append(torch.where(valid, inverse + first, -1))  # slot -1 (if present) becomes an all-zero row, unused
+        first += slots.numel()
+    out, _, lse = sparse_mla_prefill(q, torch.cat(rows)[:, None], torch.cat(ids, -1)[:, None].to(torch.int32), scale,
+                                     HEAD_DIM_V, attn_sink)
+    return out, lse
+
+
+HEAD_DIM_V = 512
+
+
 def _register_reference_cpu_kernels() -> None:
     """Ops without a native CPU kernel run their reference on the CPU (visible in build_info())."""
     lib = torch.library.Library("dsv4", "IMPL")
