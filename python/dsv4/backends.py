@@ -2,7 +2,8 @@
 
 A sparse implementation bundles the backends one platform runs: the sparse-MLA backend (compressed
 caches), the indexer backend and the sliding-window builder. FlashMLA-layout backends store the
-``fp8_ds_mla`` (MODEL1) byte layout; the plain-row backend (FlashInfer-style) stores bf16 or e4m3 rows.
+``fp8_ds_mla`` (MODEL1) byte layout for DeepSeek-V4.0 and the V4.1 records for DeepSeek-V4.1
+(:func:`resolve_kv_cache_record`); the plain-row backend (FlashInfer-style) stores bf16 or e4m3 rows.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from enum import Enum
 
 import torch
 
+from .cache import KV_LAYOUTS
 from .constants import MODEL1_BYTES_PER_TOKEN, MODEL1_HEAD_DIM
 from .metadata import (
     DeepseekSparseSWAMetadataBuilder,
@@ -26,6 +28,15 @@ from .metadata import (
 logger = logging.getLogger(__name__)
 
 FP8_DS_MLA = "fp8_ds_mla"
+NVFP4_DS_MLA = "nvfp4_ds_mla"  # DeepSeek-V4.1: fp8 window cache, fp4 compressed cache
+MODEL_VERSIONS = ("v4", "v4.1")
+LAYER_KINDS = ("window", "compressed")  # the sliding-window (SWA) cache, the compressed (extra) cache
+# (model version, dtype string) -> record of each layer kind's cache; every "fp8*" spelling is "fp8"
+KV_CACHE_RECORDS = {
+    ("v4", "fp8"): {"window": "model1", "compressed": "model1"},
+    ("v4.1", "fp8"): {"window": "v41_fp8", "compressed": "v41_fp8"},
+    ("v4.1", NVFP4_DS_MLA): {"window": "v41_fp8", "compressed": "v41_fp4"},
+}
 KERNEL_BLOCK_SIZE = 256  # logical tokens per block of every DSv4 cache group
 PLAIN_ROW_DTYPES = {"auto": torch.bfloat16, "bfloat16": torch.bfloat16}  # plus any "fp8*" spelling -> e4m3
 
@@ -75,10 +86,14 @@ class DeepseekV4SparseMLABackend:
 
     @classmethod
     def get_kv_cache_shape(cls, num_blocks: int, block_size: int, head_size: int = MODEL1_HEAD_DIM,
-                           cache_dtype_str: str = FP8_DS_MLA) -> tuple[int, int, int]:
-        """``(num_blocks, block_size, 584)`` for the MODEL1 byte layout, else plain rows of head_size."""
-        row = MODEL1_BYTES_PER_TOKEN if cache_dtype_str == FP8_DS_MLA else head_size
-        return (num_blocks, block_size, row)
+                           cache_dtype_str: str = FP8_DS_MLA, model_version: str = "v4",
+                           layer_kind: str = "compressed") -> tuple[int, int, int]:
+        """``(num_blocks, block_size, bytes)`` of the record the dtype string gives this model version and layer
+        kind (584 MODEL1; V4.1: 528 fp8, 288 fp4), else plain rows of head_size."""
+        if cache_dtype_str.startswith("fp8") or cache_dtype_str == NVFP4_DS_MLA:
+            record = resolve_kv_cache_record(cache_dtype_str, model_version, layer_kind)
+            return (num_blocks, block_size, KV_LAYOUTS[record])
+        return (num_blocks, block_size, head_size)
 
 
 class DeepseekV4FlashInferMLASparseBackend(DeepseekV4SparseMLABackend):
@@ -236,12 +251,37 @@ def _attention_backend(backend) -> type[DeepseekV4SparseMLABackend]:
     return cls
 
 
-def resolve_kv_cache_dtype(backend, kv_cache_dtype: str, cache_config=None) -> tuple[str, torch.dtype]:
+def resolve_kv_cache_record(kv_cache_dtype: str, model_version: str = "v4", layer_kind: str = "window") -> str:
+    """The record (a ``dsv4.cache`` layout) a FlashMLA-layout cache holds for an engine's kv-cache dtype string.
+
+    DeepSeek-V4.0 (``v4``): any ``fp8*`` spelling (``fp8``, ``fp8_ds_mla``, ``fp8_e4m3``) -> ``model1`` (584 B).
+    DeepSeek-V4.1 (``v4.1``): ``fp8*`` -> ``v41_fp8`` (528 B) for both caches; ``nvfp4_ds_mla`` -> ``v41_fp8`` for
+    the window cache and ``v41_fp4`` (288 B) for the compressed cache. Anything else is a ValueError that lists
+    what each model version supports.
+    """
+    if model_version not in MODEL_VERSIONS:
+        raise ValueError(f"unknown DeepSeek model version {model_version!r}; supported: {MODEL_VERSIONS}")
+    if layer_kind not in LAYER_KINDS:
+        raise ValueError(f"unknown layer kind {layer_kind!r}; supported: {LAYER_KINDS}")
+    key = (model_version, "fp8" if kv_cache_dtype.startswith("fp8") else kv_cache_dtype)
+    if key not in KV_CACHE_RECORDS:
+        supported = "; ".join(f"{version}: " + ", ".join(f"'{d}'" + (" (any 'fp8*' spelling)" if d == "fp8" else "")
+                                                        for v, d in KV_CACHE_RECORDS if v == version)
+                              for version in MODEL_VERSIONS)
+        raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} is not supported for DeepSeek {model_version}; "
+                         f"supported: {supported}")
+    return KV_CACHE_RECORDS[key][layer_kind]
+
+
+def resolve_kv_cache_dtype(backend, kv_cache_dtype: str, cache_config=None,
+                           model_version: str = "v4") -> tuple[str, torch.dtype]:
     """``(cache dtype string, torch dtype)`` of the KV caches of ``backend`` (a class, member or name).
 
     Plain-row backend: ``fp8*`` -> float8_e4m3fn, ``auto``/``bfloat16`` -> bfloat16, string unchanged.
     FlashMLA-layout backends: any ``fp8*`` spelling -> ``("fp8_ds_mla", uint8)``, written back onto
-    ``cache_config.cache_dtype`` when given. Anything else is a ValueError naming the supported values.
+    ``cache_config.cache_dtype`` when given; for DeepSeek-V4.1 also ``nvfp4_ds_mla`` -> ``("nvfp4_ds_mla",
+    uint8)`` (the records per layer kind: :func:`resolve_kv_cache_record`). Anything else is a ValueError naming
+    the supported values.
     """
     cls = _attention_backend(backend)
     if not cls.use_fp8_ds_mla_layout:
@@ -251,9 +291,13 @@ def resolve_kv_cache_dtype(backend, kv_cache_dtype: str, cache_config=None) -> t
             raise ValueError(f"{cls.get_name()} does not support kv_cache_dtype {kv_cache_dtype!r}; supported: "
                              f"{sorted(PLAIN_ROW_DTYPES)} or any 'fp8*' dtype")
         return kv_cache_dtype, PLAIN_ROW_DTYPES[kv_cache_dtype]
+    if model_version == "v4.1" and kv_cache_dtype == NVFP4_DS_MLA:
+        return NVFP4_DS_MLA, torch.uint8
+    resolve_kv_cache_record("fp8", model_version)  # an unknown model version raises here
     if not kv_cache_dtype.startswith("fp8"):
+        also = f" or '{NVFP4_DS_MLA}'" if model_version == "v4.1" else f" (DeepSeek-V4.1 also takes '{NVFP4_DS_MLA}')"
         raise ValueError(f"{cls.get_name()} stores the {FP8_DS_MLA} layout and needs an fp8 kv_cache_dtype "
-                         f"('fp8', '{FP8_DS_MLA}', 'fp8_e4m3'), got {kv_cache_dtype!r}")
+                         f"('fp8', '{FP8_DS_MLA}', 'fp8_e4m3'){also}, got {kv_cache_dtype!r}")
     if cache_config is not None and cache_config.cache_dtype != FP8_DS_MLA:
         _log_once(f"{cls.get_name()}: kv_cache_dtype {kv_cache_dtype!r} canonicalised to {FP8_DS_MLA!r}")
         cache_config.cache_dtype = FP8_DS_MLA

@@ -3,8 +3,12 @@
 Same Python signatures and return conventions as FlashMLA's ``get_mla_metadata``, ``FlashMLASchedMeta``,
 ``flash_mla_with_kvcache`` (sparse decode) and ``flash_mla_sparse_fwd`` (sparse prefill), backed by
 ``torch.ops.dsv4.sparse_mla_decode`` / ``sparse_mla_prefill``. KV caches are FlashMLA's 4-D byte views
-``[num_blocks, page_block_size, 1, bytes_per_token]`` (584 bytes for MODEL1 with d_qk 512, 656 for V32 with
-d_qk 576); only ``stride(0)`` is free. Dense (non-sparse) attention is not implemented.
+``[num_blocks, page_block_size, 1, bytes_per_token]``; as FlashMLA does, the last dimension names the record:
+584 bytes MODEL1 (DeepSeek-V4.0, d_qk 512), 656 V32 (d_qk 576), 528 V4.1 fp8 and 288 V4.1 fp4 (extra cache only,
+beside a 528-byte main cache). The V4.1 records are read in FlashMLA upstream's per-token placement (each entry's
+scales after its data) unless ``kv_placement="page_split"`` (a page's data rows, then its scale rows: what vLLM,
+SGLang and FlashMLA's 2026-09-10 release write). Only ``stride(0)`` is free. Dense (non-sparse) attention is not
+implemented.
 
 As in FlashMLA, a schedule object records its configuration on first use and every later call with it must
 have the same configuration; otherwise :class:`ScheduleMismatchError` (an ``AssertionError``, what
@@ -21,8 +25,10 @@ import dataclasses
 import torch
 
 from . import ops
+from .cache import LAYOUT_OF_ENTRY_BYTES
 
 HEAD_DIM_V = 512
+KV_PLACEMENTS = ("per_token", "page_split")  # FlashMLA upstream's V4.1 placement first: the default
 SPARSE_ONLY = "dsv4.flash_mla implements FlashMLA's sparse attention only (pass indices)"
 
 
@@ -80,6 +86,16 @@ def _kv_cache_view(name: str, cache: torch.Tensor) -> int:
     return cache.shape[1]
 
 
+def _record(name: str, cache: torch.Tensor) -> str:
+    """The record a FlashMLA cache view holds, from its last dimension."""
+    record = LAYOUT_OF_ENTRY_BYTES.get(cache.shape[-1])
+    if record is None:
+        raise ValueError(f"flash_mla_with_kvcache: {name} bytes_per_token (last dimension) must be one of "
+                         f"{sorted(LAYOUT_OF_ENTRY_BYTES)} (584 MODEL1, 656 V32, 528 V4.1 fp8, 288 V4.1 fp4), "
+                         f"got {cache.shape[-1]}")
+    return record
+
+
 def flash_mla_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -98,11 +114,15 @@ def flash_mla_with_kvcache(
     topk_length: torch.Tensor | None = None,
     extra_topk_length: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    kv_placement: str = "per_token",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashMLA sparse decode: one softmax over the main and extra index sets, plus the sink.
 
     k_cache / extra_k_cache: fp8 caches ``[num_blocks, page_block_size, 1, bytes_per_token]`` (the page block size
-    comes from dimension 1); indices / extra_indices_in_kvcache: slot ids ``block * page_block_size + offset``.
+    comes from dimension 1, the record from dimension 3: 584, 656, 528 or 288 bytes; pairs (584, 584), (656, 656),
+    (528, 528), (528, 288)); ``kv_placement``: where the V4.1 records keep their scales (``per_token``, FlashMLA
+    upstream's, or ``page_split``, vLLM's); indices / extra_indices_in_kvcache: slot ids
+    ``block * page_block_size + offset``.
     block_table and cache_seqlens are ignored in sparse mode (may be None); out, when given, receives the output.
     Everything else (shapes, which entries are skipped, out and lse, the sink, NaN and empty rules):
     :func:`dsv4.reference.sparse_mla.sparse_mla_decode`, the one contract of this op.
@@ -118,12 +138,16 @@ def flash_mla_with_kvcache(
         raise ValueError("flash_mla_with_kvcache: causal must be False when sparse attention is enabled")
     if not is_fp8_kvcache:
         raise ValueError("flash_mla_with_kvcache: is_fp8_kvcache must be True when sparse attention is enabled")
+    if kv_placement not in KV_PLACEMENTS:
+        raise ValueError(f"flash_mla_with_kvcache: kv_placement must be one of {KV_PLACEMENTS}, got {kv_placement!r}")
     extra_given = extra_k_cache is not None
     config = FlashMLASchedMeta.Config(
         b=q.shape[0], s_q=q.shape[1], h_q=q.shape[2], page_block_size=_kv_cache_view("k_cache", k_cache),
         h_k=k_cache.shape[2], causal=causal, is_fp8_kvcache=is_fp8_kvcache, topk=indices.shape[-1],
         extra_page_block_size=_kv_cache_view("extra_k_cache", extra_k_cache) if extra_given else None,
         extra_topk=extra_indices_in_kvcache.shape[-1] if extra_indices_in_kvcache is not None else None)
+    layout = _record("k_cache", k_cache)
+    extra_layout = _record("extra_k_cache", extra_k_cache) if extra_given else layout
     sched = tile_scheduler_metadata
     _check_schedule(sched, config)
     if q.device.type != "cpu" and sched.tile_scheduler_metadata is None:
@@ -133,7 +157,8 @@ def flash_mla_with_kvcache(
         q, k_cache, indices, config.page_block_size, topk_length=topk_length, attn_sink=attn_sink,
         extra_kv_cache=extra_k_cache, extra_indices=extra_indices_in_kvcache, extra_topk_length=extra_topk_length,
         extra_block_size=config.extra_page_block_size or 0, head_dim_v=head_dim_v, sm_scale=softmax_scale,
-        tile_scheduler_metadata=sched.tile_scheduler_metadata, num_splits=sched.num_splits)
+        tile_scheduler_metadata=sched.tile_scheduler_metadata, num_splits=sched.num_splits, layout=layout,
+        extra_layout=extra_layout, placement=kv_placement)
     if out is None:
         return result, lse
     if out.shape != result.shape or out.dtype != result.dtype:

@@ -39,6 +39,32 @@ def test_decode_matches_the_op(isa, d_qk):
     assert out.shape == (2, 2, 8, D_V) and lse.shape == (2, 8, 2)
 
 
+@pytest.mark.parametrize("placement", ["per_token", "page_split"])
+@pytest.mark.parametrize("extra_layout", ["v41_fp4", "v41_fp8"])
+def test_v41_records_are_detected_from_the_last_dimension(isa, extra_layout, placement):
+    args = decode_inputs(DecodeCase(b=2, s_q=2, h_q=64, topk=128, page=64, extra_topk=64, extra_page=5,
+                                    topk_length=True, layout="v41_fp8", extra_layout=extra_layout,
+                                    placement=placement))
+    kwargs = flashmla_kwargs(args)
+    extra_bytes = 288 if extra_layout == "v41_fp4" else 528
+    assert kwargs["k_cache"].shape[-1] == 528 and kwargs["extra_k_cache"].shape[-1] == extra_bytes
+    if placement == "per_token":
+        del kwargs["kv_placement"]  # FlashMLA upstream's placement is the default
+    out, lse = flash_mla.flash_mla_with_kvcache(tile_scheduler_metadata=flash_mla.get_mla_metadata()[0], **kwargs)
+    expected = ops.sparse_mla_decode(**args)
+    assert torch.equal(out, expected[0]) and torch.equal(lse, expected[1])
+
+
+def test_unknown_record_sizes_raise():
+    kwargs = flashmla_kwargs(decode_inputs(CASE))
+    kwargs["k_cache"] = kwargs["k_cache"][..., :500]
+    with pytest.raises(ValueError, match="bytes_per_token .* must be one of"):
+        flash_mla.flash_mla_with_kvcache(tile_scheduler_metadata=flash_mla.get_mla_metadata()[0], **kwargs)
+    with pytest.raises(ValueError, match="kv_placement must be one of"):
+        flash_mla.flash_mla_with_kvcache(tile_scheduler_metadata=flash_mla.get_mla_metadata()[0],
+                                         **{**flashmla_kwargs(decode_inputs(CASE)), "kv_placement": "rows"})
+
+
 def test_default_scale_and_ignored_block_table():
     args = decode_inputs(DecodeCase(b=2, s_q=1, h_q=4, topk=32, page=8))
     kwargs = flashmla_kwargs(args)

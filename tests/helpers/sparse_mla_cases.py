@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import random_pages
-from dsv4.cache import kv_page_bytes
+from dsv4.cache import KV_LAYOUTS, kv_page_bytes
 from dsv4.constants import MODEL1_BYTES_PER_TOKEN, MODEL1_HEAD_DIM, V32_BYTES_PER_TOKEN, V32_HEAD_DIM
 from dsv4.reference import quant, sparse_mla
 
@@ -273,18 +273,22 @@ DEFAULT_PREFILL_CASES = [
 ENTRY_BYTES = {MODEL1_HEAD_DIM: MODEL1_BYTES_PER_TOKEN, V32_HEAD_DIM: V32_BYTES_PER_TOKEN}
 
 
-def flashmla_view(cache: torch.Tensor, block_size: int, d_qk: int) -> torch.Tensor:
+def flashmla_view(cache: torch.Tensor, block_size: int, d_qk: int, layout: str | None = None) -> torch.Tensor:
     """FlashMLA's [num_blocks, page_block_size, 1, bytes_per_token] view of padded 2-D pages."""
-    entry = ENTRY_BYTES[d_qk]
+    entry = KV_LAYOUTS[layout] if layout else ENTRY_BYTES[d_qk]
     return cache[:, : block_size * entry].view(cache.shape[0], block_size, 1, entry)
 
 
 def flashmla_kwargs(args: dict, d_qk: int = MODEL1_HEAD_DIM) -> dict:
     """flash_mla_with_kvcache keyword arguments for the decode_inputs of a case."""
-    kwargs = dict(q=args["q"], k_cache=flashmla_view(args["kv_cache"], args["block_size"], d_qk), block_table=None,
-                  cache_seqlens=None, head_dim_v=D_V, softmax_scale=args["sm_scale"], is_fp8_kvcache=True,
-                  indices=args["indices"], attn_sink=args.get("attn_sink"), topk_length=args["topk_length"])
+    kwargs = dict(q=args["q"], k_cache=flashmla_view(args["kv_cache"], args["block_size"], d_qk, args.get("layout")),
+                  block_table=None, cache_seqlens=None, head_dim_v=D_V, softmax_scale=args["sm_scale"],
+                  is_fp8_kvcache=True, indices=args["indices"], attn_sink=args.get("attn_sink"),
+                  topk_length=args["topk_length"])
+    if "placement" in args:
+        kwargs["kv_placement"] = args["placement"]
     if "extra_kv_cache" in args:
-        kwargs.update(extra_k_cache=flashmla_view(args["extra_kv_cache"], args["extra_block_size"], d_qk),
+        extra_view = flashmla_view(args["extra_kv_cache"], args["extra_block_size"], d_qk, args.get("extra_layout"))
+        kwargs.update(extra_k_cache=extra_view,
                       extra_indices_in_kvcache=args["extra_indices"], extra_topk_length=args["extra_topk_length"])
     return kwargs

@@ -46,6 +46,32 @@ def test_every_backend_name_is_an_enum_member():
     assert DeepseekV4SparseMLABackend.get_kv_cache_shape(10, 64) == (10, 64, 584)
     assert DeepseekV4SparseMLABackend.get_kv_cache_shape(10, 64, 512, "bfloat16") == (10, 64, 512)
     assert DeepseekV4SparseMLABackend.get_supported_kernel_block_sizes() == [256]
+    assert DeepseekV4SparseMLABackend.get_kv_cache_shape(10, 64, 512, "fp8", "v4.1") == (10, 64, 528)
+    assert DeepseekV4SparseMLABackend.get_kv_cache_shape(10, 64, 512, "nvfp4_ds_mla", "v4.1") == (10, 64, 288)
+    assert DeepseekV4SparseMLABackend.get_kv_cache_shape(10, 64, 512, "nvfp4_ds_mla", "v4.1", "window") == (10, 64,
+                                                                                                          528)
+
+
+@pytest.mark.parametrize("dtype, version, kind, record", [
+    ("fp8", "v4", "window", "model1"), ("fp8_ds_mla", "v4", "compressed", "model1"),
+    ("fp8", "v4.1", "window", "v41_fp8"), ("fp8_ds_mla", "v4.1", "compressed", "v41_fp8"),
+    ("fp8_e4m3", "v4.1", "compressed", "v41_fp8"), ("nvfp4_ds_mla", "v4.1", "window", "v41_fp8"),
+    ("nvfp4_ds_mla", "v4.1", "compressed", "v41_fp4"),
+])
+def test_kv_cache_records_per_model_version_and_layer_kind(dtype, version, kind, record):
+    assert backends.resolve_kv_cache_record(dtype, version, kind) == record
+
+
+def test_unsupported_records_list_what_each_version_takes():
+    with pytest.raises(ValueError, match=r"not supported for DeepSeek v4; supported: v4: 'fp8'.*v4.1: .*nvfp4_ds_mla"):
+        backends.resolve_kv_cache_record("nvfp4_ds_mla", "v4")
+    with pytest.raises(ValueError, match="unknown DeepSeek model version"):
+        backends.resolve_kv_cache_record("fp8", "v5")
+    with pytest.raises(ValueError, match="unknown layer kind"):
+        backends.resolve_kv_cache_record("fp8", "v4.1", "indexer")
+    assert resolve_kv_cache_dtype("CPU_V4_MLA_SPARSE", "nvfp4_ds_mla", None, "v4.1") == ("nvfp4_ds_mla", torch.uint8)
+    with pytest.raises(ValueError, match="DeepSeek-V4.1 also takes 'nvfp4_ds_mla'"):
+        resolve_kv_cache_dtype("CPU_V4_MLA_SPARSE", "nvfp4_ds_mla", None)
 
 
 @pytest.mark.parametrize("requested, expected", [
