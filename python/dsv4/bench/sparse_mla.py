@@ -28,11 +28,12 @@ KV_SPREAD = 0.3  # keeps the scores O(1)
 BF16_BYTES, FP32_BYTES = 2, 4
 
 
-def filled_cache(entries: int, block_size: int) -> torch.Tensor:
+def filled_cache(entries: int, block_size: int, layout: str = "model1") -> torch.Tensor:
     num_blocks = -(-entries // block_size)
-    pages = cache.allocate_kv_cache(num_blocks, block_size)
+    pages = cache.allocate_kv_cache(num_blocks, block_size, layout)
     rows = (torch.randn(num_blocks * block_size, MODEL1_HEAD_DIM) * KV_SPREAD).bfloat16()
-    dsv4.ops.quantize_kv_insert(rows, torch.arange(num_blocks * block_size), pages, block_size)
+    dsv4.ops.quantize_kv_insert(rows, torch.arange(num_blocks * block_size), pages, block_size,
+                                layout="auto" if layout == "model1" else layout)
     return pages
 
 
@@ -73,6 +74,31 @@ def decode_case(tokens: int, heads: int, compressed: int, label: str = "sparse_m
                 reference if tokens <= REFERENCE_MAX_TOKENS else None, flops=attention_flops(tokens, heads, entries))
 
 
+def v41_decode_case(tokens: int, heads: int, compressed: int, extra_layout: str = "v41_fp4") -> Case:
+    """DeepSeek-V4.1's decode: a 528-byte fp8 window cache and a 288-byte fp4 (or 528-byte fp8) compressed cache,
+    page-split as vLLM writes them; no peer serves V4.1 on the CPU, so the V4.0 row of the same shape is its
+    comparison."""
+    window_pool = min(MAX_POOL_ENTRIES, max(tokens * SLIDING_WINDOW, WINDOW_BLOCK))
+    compressed_pool = min(MAX_POOL_ENTRIES, max(tokens * compressed, COMPRESSED_BLOCK))
+    window_cache = filled_cache(window_pool, WINDOW_BLOCK, "v41_fp8")
+    compressed_cache = filled_cache(compressed_pool, COMPRESSED_BLOCK, extra_layout)
+    window_slots = random_slots(tokens, SLIDING_WINDOW, window_pool).unsqueeze(1)
+    compressed_slots = random_slots(tokens, compressed, compressed_pool).unsqueeze(1)
+    q = torch.randn(tokens, 1, heads, MODEL1_HEAD_DIM).bfloat16()
+    sink = torch.randn(heads)
+    kwargs = dict(attn_sink=sink, extra_kv_cache=compressed_cache, extra_indices=compressed_slots,
+                  extra_block_size=COMPRESSED_BLOCK, layout="v41_fp8", extra_layout=extra_layout)
+    entries = SLIDING_WINDOW + compressed
+    entry_bytes = SLIDING_WINDOW * cache.KV_LAYOUTS["v41_fp8"] + compressed * cache.KV_LAYOUTS[extra_layout]
+    return Case(f"sparse_mla_decode V4.1 (528+{cache.KV_LAYOUTS[extra_layout]})",
+                f"T={tokens} H={heads} {SLIDING_WINDOW}+{compressed}",
+                tokens * (entry_bytes + 2 * heads * MODEL1_HEAD_DIM * BF16_BYTES),
+                lambda m: dsv4.ops.sparse_mla_decode(q, window_cache, window_slots, WINDOW_BLOCK, **kwargs),
+                (lambda: ref_sparse_mla.sparse_mla_decode(q, window_cache, window_slots, WINDOW_BLOCK, **kwargs))
+                if tokens <= REFERENCE_MAX_TOKENS else None, on_peer=False,
+                flops=attention_flops(tokens, heads, entries))
+
+
 def prefill_case(tokens: int, heads: int, topk: int) -> Case:
     kv = (torch.randn(tokens, 1, MODEL1_HEAD_DIM) * KV_SPREAD).bfloat16()
     indices = torch.randint(0, tokens, (tokens, 1, topk), dtype=torch.int32)
@@ -95,6 +121,8 @@ def cases(quick: bool = False) -> list[Case]:
     return [
         *(decode_case(t, FLASH_HEADS, FLASH_COMPRESSED) for t in decode_tokens),
         *(decode_case(t, PRO_HEADS, PRO_COMPRESSED) for t in decode_tokens),
+        *(v41_decode_case(t, FLASH_HEADS, FLASH_COMPRESSED) for t in decode_tokens),
+        v41_decode_case(decode_tokens[-1], FLASH_HEADS, FLASH_COMPRESSED, extra_layout="v41_fp8"),
         decode_case(prefill_tokens, FLASH_HEADS, FLASH_COMPRESSED, label="sparse_mla_decode (vLLM prefill)"),
         prefill_case(prefill_tokens, FLASH_HEADS, entries),
     ]
