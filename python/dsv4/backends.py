@@ -15,7 +15,7 @@ from enum import Enum
 import torch
 
 from .cache import KV_LAYOUTS
-from .constants import MODEL1_BYTES_PER_TOKEN, MODEL1_HEAD_DIM
+from .constants import MODEL1_HEAD_DIM
 from .metadata import (
     DeepseekSparseSWAMetadataBuilder,
     DeepseekV4CPUFlashMLAMetadataBuilder,

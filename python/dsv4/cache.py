@@ -21,16 +21,16 @@ import torch
 
 from .constants import (
     CACHE_ALIGNMENT,
-    V41_FP4_BYTES_PER_TOKEN,
-    V41_FP8_BYTES_PER_TOKEN,
-    V41_HEAD_DIM,
-    V41_PAGE_ALIGNMENT,
     INDEXER_HEAD_DIM,
     INDEXER_K_BYTES_PER_ENTRY,
     MODEL1_BYTES_PER_TOKEN,
     MODEL1_HEAD_DIM,
     V32_BYTES_PER_TOKEN,
     V32_HEAD_DIM,
+    V41_FP4_BYTES_PER_TOKEN,
+    V41_FP8_BYTES_PER_TOKEN,
+    V41_HEAD_DIM,
+    V41_PAGE_ALIGNMENT,
 )
 from .reference.quant import RECORDS, indexer_k_pack
 from .reference.quant import convert_placement as _reference_convert_placement

@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 
 from ..constants import (
+    E2M1_MAX,
+    FP4_SCALE_MIN,
     FP8_MAX,
     INDEXER_AMAX_FLOOR,
     INDEXER_HEAD_DIM,
@@ -40,8 +42,6 @@ from ..constants import (
     V32_NOPE_DIM,
     V32_ROPE_DIM,
     V32_TILE,
-    E2M1_MAX,
-    FP4_SCALE_MIN,
     V41_FP4_TILE,
     V41_FP8_TILE,
     V41_HEAD_DIM,
