@@ -47,7 +47,7 @@ def _fake(op: str):
 
     def register(fn):
         def fake(*args, **kwargs):
-            _check_same_device(op, arg_names, args, kwargs)
+            _check_same_device(name, arg_names, args, kwargs)  # the op's name, as the kernels' messages say it
             return fn(*args, **kwargs)
 
         torch.library.register_fake(f"dsv4::{op}")(fake)
