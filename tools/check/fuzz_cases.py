@@ -689,26 +689,28 @@ def check_fp8_paged_mqa_topk(a: dict) -> None:
 # KV cache writers and reader
 # ---------------------------------------------------------------------------------------------
 
-KV_LAYOUTS = {"model1": (MODEL1_HEAD_DIM, quant.model1_write, quant.model1_read),
-              "v32": (V32_HEAD_DIM, quant.v32_write, quant.v32_read)}
+KV_LAYOUTS = {"model1": MODEL1_HEAD_DIM, "v32": V32_HEAD_DIM, "v41_fp8": MODEL1_HEAD_DIM, "v41_fp4": MODEL1_HEAD_DIM}
+PLACEMENTS = ("page_split", "per_token")
 
 
 def make_quantize_kv_insert(d: Draw) -> dict:
     layout, block_size, tokens = d.pick(KV_LAYOUTS), d.pick(PAGE_SIZES), d.pick((0, 1, d.int(1, 40)))
-    head_dim = KV_LAYOUTS[layout][0]
+    head_dim, placement = KV_LAYOUTS[layout], d.pick(PLACEMENTS)
     num_blocks = -(-2 * tokens // block_size) + d.int(1, 2)  # about half the slots stay unwritten
     kv = wide_range_rows(d, tokens, head_dim, MODEL1_TILE).to(d.pick(FLOAT_DTYPES))
     return dict(kv=relayout(d, kv),
                 slot_mapping=relayout(d, distinct_slots(d, tokens, num_blocks * block_size, 0.2, d.index_dtype()),
                                       False),
-                kv_cache=paged_cache(d, num_blocks, kv_page_bytes(block_size, layout)), block_size=block_size,
-                layout=layout)
+                kv_cache=paged_cache(d, num_blocks, kv_page_bytes(block_size, layout, placement)),
+                block_size=block_size, layout=layout, placement=placement)
 
 
 def check_quantize_kv_insert(a: dict) -> None:
     cache, expected = a["kv_cache"], clone_storage(a["kv_cache"])
-    KERNELS.quantize_kv_insert(a["kv"], a["slot_mapping"], cache, a["block_size"])
-    KV_LAYOUTS[a["layout"]][1](expected, a["slot_mapping"].long(), a["block_size"], a["kv"].float())
+    KERNELS.quantize_kv_insert.layout(a["kv"], a["slot_mapping"], cache, a["block_size"], a["layout"],
+                                      a["placement"])
+    quant.write_records(expected, a["slot_mapping"].long(), a["block_size"], a["kv"].float(), a["layout"],
+                        a["placement"])
     expect_same_bytes("kv_cache", cache, expected)
 
 
@@ -722,16 +724,17 @@ def make_dequantize_kv_gather(d: Draw) -> dict:
     invalid = d.rand(*shape) < 0.2
     candidates = torch.tensor([-1, -7, capacity, capacity + 1000, far])
     slots[invalid] = candidates[d.randint(0, len(candidates), (int(invalid.sum()),))]
-    return dict(kv_cache=paged_cache(d, num_blocks, kv_page_bytes(block_size, layout)),  # random bytes: NaN too
-                slots=relayout(d, slots.to(index_dtype), False), block_size=block_size,
-                head_dim=KV_LAYOUTS[layout][0])
+    placement = d.pick(PLACEMENTS)
+    return dict(kv_cache=paged_cache(d, num_blocks, kv_page_bytes(block_size, layout, placement)),  # NaN too
+                slots=relayout(d, slots.to(index_dtype), False), block_size=block_size, layout=layout,
+                placement=placement)
 
 
 def check_dequantize_kv_gather(a: dict) -> None:
-    cache, slots, block_size, head_dim = a["kv_cache"], a["slots"], a["block_size"], a["head_dim"]
-    got = KERNELS.dequantize_kv_gather(cache, slots, block_size, head_dim)
-    read = KV_LAYOUTS["model1" if head_dim == MODEL1_HEAD_DIM else "v32"][2]
-    expect_equal("out", got, read(cache, slots.long(), block_size).to(torch.bfloat16))
+    cache, slots, block_size, layout = a["kv_cache"], a["slots"], a["block_size"], a["layout"]
+    got = KERNELS.dequantize_kv_gather.layout(cache, slots, block_size, layout, a["placement"])
+    want = quant.read_records(cache, slots.long(), block_size, layout, a["placement"])
+    expect_equal("out", got, want.to(torch.bfloat16))
     capacity = cache.shape[0] * block_size
     invalid = (slots < 0) | (slots >= capacity)
     if not got[invalid].view(torch.int16).eq(0).all():
@@ -836,7 +839,8 @@ def check_indexer_q_rope_quant(a: dict) -> None:
 # Sparse MLA
 # ---------------------------------------------------------------------------------------------
 
-MLA_LAYOUTS = {MODEL1_HEAD_DIM: ("model1", quant.model1_write), V32_HEAD_DIM: ("v32", quant.v32_write)}
+MLA_LAYOUTS = {MODEL1_HEAD_DIM: "model1", V32_HEAD_DIM: "v32"}  # d_qk -> the record it names
+MLA_RECORD_PAIRS = sparse_mla.RECORD_PAIRS  # (main, extra) records of a decode
 
 
 def mla_indices(d: Draw, shape, capacity: int, dtype: torch.dtype) -> torch.Tensor:
@@ -878,17 +882,18 @@ def attention_sink(d: Draw, heads: int) -> torch.Tensor | None:
     return sink
 
 
-def mla_index_set(d: Draw, d_qk: int, b: int, s_q: int, topk: int, dtype: torch.dtype):
+def mla_index_set(d: Draw, d_qk: int, b: int, s_q: int, topk: int, dtype: torch.dtype, layout: str | None = None,
+                  placement: str = "page_split"):
     """(cache, indices, lengths, block_size) with about 2 * topk slots of capacity; NaN where nothing attends."""
     block_size = d.pick(PAGE_SIZES + (69, 576))
     num_blocks = max(2, -(-2 * topk // block_size))
     capacity = num_blocks * block_size
     indices = mla_indices(d, (b, s_q, topk), capacity, dtype)
     lengths = mla_lengths(d, b, topk, dtype)
-    layout, write = MLA_LAYOUTS[d_qk]
-    cache = paged_cache(d, num_blocks, kv_page_bytes(block_size, layout), fill=0xFF)  # 0xFF: NaN code and scale
+    layout = layout or MLA_LAYOUTS[d_qk]
+    cache = paged_cache(d, num_blocks, kv_page_bytes(block_size, layout, placement), fill=0xFF)  # NaN code, scale
     slots = torch.unique(indices[valid_entries(indices, capacity, lengths)].long())
-    write(cache, slots, block_size, d.randn(len(slots), d_qk) * 0.3)  # 0.3: O(1) scores, weights spread out
+    quant.write_records(cache, slots, block_size, d.randn(len(slots), d_qk) * 0.3, layout, placement)  # O(1) scores
     return cache, relayout(d, indices, False), lengths, block_size
 
 
@@ -897,17 +902,19 @@ def softmax_scale(d: Draw, d_qk: int) -> float:
 
 
 def make_sparse_mla_decode(d: Draw) -> dict:
-    d_qk, b, s_q, index_dtype = d.pick(MLA_LAYOUTS), d.int(1, 4), d.int(1, 3), d.index_dtype()
+    records, placement = d.pick(MLA_RECORD_PAIRS), d.pick(PLACEMENTS)
+    d_qk, b, s_q, index_dtype = quant.RECORDS[records[0]][0], d.int(1, 4), d.int(1, 4), d.index_dtype()
     topk = d.pick((1, 37, 64, 128, 300, 512, 576, d.int(1, 1100)))
     extra_topk = d.pick((None, None, 0, 32, 64, 128, d.int(1, 600)))
     heads = capped(heads_up_to(d), b * s_q * (topk + (extra_topk or 0)), 1_500_000)
-    cache, indices, lengths, block_size = mla_index_set(d, d_qk, b, s_q, topk, index_dtype)
+    cache, indices, lengths, block_size = mla_index_set(d, d_qk, b, s_q, topk, index_dtype, records[0], placement)
     args = dict(q=relayout(d, d.randn(b, s_q, heads, d_qk).bfloat16()), kv_cache=cache, indices=indices,
                 topk_length=lengths, attn_sink=attention_sink(d, heads), extra_kv_cache=None, extra_indices=None,
                 extra_topk_length=None, block_size=block_size, extra_block_size=0, sm_scale=softmax_scale(d, d_qk),
-                with_plan=d.chance(0.3))
+                with_plan=d.chance(0.3), layout=records[0], extra_layout=records[1], placement=placement)
     if extra_topk is not None:
-        cache, indices, lengths, block_size = mla_index_set(d, d_qk, b, s_q, extra_topk, index_dtype)
+        cache, indices, lengths, block_size = mla_index_set(d, d_qk, b, s_q, extra_topk, index_dtype, records[1],
+                                                            placement)
         args.update(extra_kv_cache=cache, extra_indices=indices, extra_topk_length=lengths,
                     extra_block_size=block_size)
     return args
@@ -920,11 +927,13 @@ def check_sparse_mla_decode(a: dict) -> None:
     if a["with_plan"]:  # a plan for these lengths; the CPU may ignore it, the result must not change
         plan = KERNELS.sparse_mla_decode_schedule(a["q"], a["indices"], a["topk_length"], a["extra_indices"],
                                                   a["extra_topk_length"])
-    out, lse = KERNELS.sparse_mla_decode(*sets, a["block_size"], a["extra_block_size"], sparse_mla.HEAD_DIM_V,
-                                         a["sm_scale"], *plan)
+    records = a["layout"], a["extra_layout"], a["placement"]
+    out, lse = KERNELS.sparse_mla_decode.layout(*sets, a["block_size"], a["extra_block_size"],
+                                                sparse_mla.HEAD_DIM_V, a["sm_scale"], *plan, *records)
     ref_out, ref_lse = sparse_mla.sparse_mla_decode(
         a["q"], a["kv_cache"], a["indices"], a["block_size"], a["topk_length"], a["attn_sink"], a["extra_kv_cache"],
-        a["extra_indices"], a["extra_topk_length"], a["extra_block_size"], sparse_mla.HEAD_DIM_V, a["sm_scale"])
+        a["extra_indices"], a["extra_topk_length"], a["extra_block_size"], sparse_mla.HEAD_DIM_V, a["sm_scale"],
+        *records)
     expect_attention_close(out, lse, ref_out, ref_lse)
 
 
