@@ -1,19 +1,24 @@
 """CUDA-only contract: the decode split plan (also checked on the CPU), FlashMLA's plan-on-first-use protocol on
 the device, CUDA-graph capture and replay of decode, no host synchronisation, out-of-range values handled on the
-device, prefill with many tokens per CTA, and paged indexer logits for more requests than a grid dimension holds.
+device, prefill with many tokens per CTA, paged indexer logits for more requests than a grid dimension holds, and
+the DeepSeek-V4.1 records (writers and gather byte for byte with the CPU ops, decode with mixed records per set).
 The kernels' numerics run in the CPU test grids (the "cuda" tiers of the isa fixture and the opcheck fixture);
 torch.compile on CUDA tensors is in test_compile.py."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from conftest import CUDA_TIERS
+from conftest import CUDA_TIERS, clone_storage, distinct_slots, random_pages, rope_table, storage_bytes
 from dsv4 import cache, flash_mla, ops
-from dsv4.reference import indexer, sparse_mla
+from dsv4.reference import indexer, quant, sparse_mla
+from helpers.cuda_shuttle import GpuTwins
 from helpers.indexer_cases import assert_logits_match, paged_case, row_valid_mask
 from helpers.sparse_mla_cases import (
+    D_V,
     DecodeCase,
     PrefillCase,
     assert_attention_close,
@@ -259,3 +264,219 @@ def test_paged_logits_more_requests_than_grid_rows(tier, monkeypatch):
         copies = first[repeat]
         mask = torch.ones_like(got, dtype=torch.bool) if clean else valid[repeat]
         assert torch.equal(got[mask], copies[mask]), "a repeated request scored differently"
+
+
+# ---- the DeepSeek-V4.1 records on the device: writers byte for byte with the CPU ops, the gather, decode ----------
+
+V41 = ("v41_fp8", "v41_fp4")
+PLACEMENTS = ("page_split", "per_token")
+# (record, placement) pairs that exist: V4.1 in either placement, MODEL1 page-split, V32 per-token
+RECORD_PLACEMENTS = [(layout, placement) for layout in ("model1", "v32") + V41 for placement in PLACEMENTS
+                     if quant.record_placement(layout, placement) == placement]
+RECORD_IDS = [f"{layout}-{placement}" for layout, placement in RECORD_PLACEMENTS]
+V41_PAGES = (1, 5, 61, 64)
+V41_PAD_BYTES = 48  # page stride beyond the page: the kernels must honour stride(0)
+V41_MAX_POSITION = 1024
+V41_MIN_EXACT_BYTES = 0.98  # the compressor pools in another order: a few codes move by one step
+
+
+def record_pages(num_blocks: int, block_size: int, layout: str, placement: str) -> torch.Tensor:
+    return random_pages(num_blocks, cache.kv_page_bytes(block_size, layout, placement), V41_PAD_BYTES)
+
+
+def record_rows(n: int, dim: int, poison: bool = False) -> torch.Tensor:
+    """Rows whose 16-dim tiles span tiny (floored scales, subnormal codes), ordinary and huge magnitudes, with e2m1
+    ties, -0 and (poison) tiles holding NaN, +inf and -inf."""
+    magnitudes = torch.tensor([1e-6, 3e-3, 0.05, 1.0, 40.0, 3000.0, 1e20])
+    tiles = magnitudes[torch.randint(0, len(magnitudes), (n, dim // 16, 1))]
+    x = (torch.randn(n, dim // 16, 16) * tiles).reshape(n, dim)
+    x[0, :16] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, -0.0, -0.1, 0.3, -6.0, 1.0, 2.0, 3.0, 4.0])
+    x[min(1, n - 1), :32] = -0.0
+    if poison and n > 3:
+        x[2, 19], x[3, 48], x[3, 69] = math.nan, math.inf, -math.inf
+    return x
+
+
+def run_on_cuda(op, *args):
+    """op on GPU twins of args (strides and every storage byte kept); the GPU storage is copied back into args."""
+    twins = GpuTwins()
+    result = op(*twins.to_gpu(args))
+    torch.cuda.synchronize()
+    twins.copy_back()
+    return twins.to_cpu(result)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32))
+@pytest.mark.parametrize("block_size", V41_PAGES)
+@pytest.mark.parametrize("layout,placement", RECORD_PLACEMENTS, ids=RECORD_IDS)
+def test_record_insert_matches_the_cpu_bytes(layout, placement, block_size, dtype):
+    num_blocks = 3
+    dim = cache.KV_HEAD_DIMS[layout]
+    pages = record_pages(num_blocks, block_size, layout, placement)
+    expected = clone_storage(pages)
+    tokens = min(num_blocks * block_size, 40)
+    slots = distinct_slots(tokens, num_blocks * block_size, 0.2, index_dtype=(torch.int32, torch.int64)[block_size % 2])
+    kv = record_rows(tokens, dim, poison=layout == "v41_fp4").to(dtype)
+    run_on_cuda(torch.ops.dsv4.quantize_kv_insert.layout, kv, slots, pages, block_size, layout, placement)
+    torch.ops.dsv4.quantize_kv_insert.layout(kv, slots, expected, block_size, layout, placement)
+    assert torch.equal(storage_bytes(pages), storage_bytes(expected)), "written bytes or padding differ"
+    if layout in V41:
+        reference = clone_storage(pages)
+        quant.write_records(reference, slots, block_size, kv.float(), layout, placement)
+        assert torch.equal(storage_bytes(pages), storage_bytes(reference)), "the reference writes other bytes"
+
+
+@needs_cuda
+@pytest.mark.parametrize("block_size", (1, 5, 64))
+@pytest.mark.parametrize("layout,placement", RECORD_PLACEMENTS, ids=RECORD_IDS)
+def test_record_gather_matches_the_cpu(layout, placement, block_size):
+    num_blocks = 4
+    pages = record_pages(num_blocks, block_size, layout, placement)  # random bytes: every code, NaN scales too
+    capacity = num_blocks * block_size
+    slots = torch.tensor([[0, capacity - 1, -1, capacity // 2], [capacity, 3 % capacity, 3 % capacity, -7]],
+                         dtype=torch.int32)
+    got = run_on_cuda(torch.ops.dsv4.dequantize_kv_gather.layout, pages, slots, block_size, layout, placement)
+    want = torch.ops.dsv4.dequantize_kv_gather.layout(pages, slots, block_size, layout, placement)
+    assert got.shape == want.shape == (2, 4, cache.KV_HEAD_DIMS[layout])
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+@needs_cuda
+@pytest.mark.parametrize("q_norm", (False, True))
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32))
+@pytest.mark.parametrize("layout,placement", [lp for lp in RECORD_PLACEMENTS if lp[0] != "v32"],
+                         ids=[i for i, lp in zip(RECORD_IDS, RECORD_PLACEMENTS, strict=True) if lp[0] != "v32"])
+def test_window_insert_matches_the_cpu_bytes(layout, placement, dtype, q_norm):
+    """The kv rows' record bytes equal the CPU's (RoPE rounds alike on both); q_out equal without q_norm (RoPE
+    only), within a bf16 step with it (the sum of squares adds in another order)."""
+    tokens, heads, padded, block_size = 24, 8, 16, 61
+    q = (torch.randn(tokens, heads, 512) * 3).to(dtype)
+    kv = record_rows(tokens + 2, 512).to(dtype)
+    positions = torch.randint(0, V41_MAX_POSITION, (tokens,))
+    cos_sin = rope_table(V41_MAX_POSITION)
+    slots = distinct_slots(tokens - 3, 2 * block_size, skip_every=4)
+    pages = record_pages(2, block_size, layout, placement)
+    expected = clone_storage(pages)
+    q_out, want_q = torch.empty(tokens, padded, 512, dtype=dtype), torch.empty(tokens, padded, 512, dtype=dtype)
+    run_on_cuda(torch.ops.dsv4.qnorm_rope_kv_insert.layout, q, kv, positions, cos_sin, slots, pages, block_size,
+                1e-6, q_out, q_norm, layout, placement)
+    torch.ops.dsv4.qnorm_rope_kv_insert.layout(q, kv, positions, cos_sin, slots, expected, block_size, 1e-6, want_q,
+                                               q_norm, layout, placement)
+    assert torch.equal(storage_bytes(pages), storage_bytes(expected)), "written bytes or padding differ"
+    assert (q_out[:, heads:] == 0).all()
+    if q_norm:
+        torch.testing.assert_close(q_out.float(), want_q.float(), atol=1e-6, rtol=2**-7)
+    else:
+        assert torch.equal(q_out, want_q)
+
+
+def compressor_inputs(ratio: int, block_size: int, layout: str, placement: str, tokens: int = 24):
+    """compress_norm_rope_store.layout arguments: fp32 state rows (coff 2 for C4, else 1) with spread scores, windows
+    with -1 and out-of-cache rows, group-closing and other positions, distinct kv slots with -1."""
+    coff = 2 if ratio == 4 else 1
+    state_blocks, state_block = 40, 4
+    backing = torch.randn(state_blocks, state_block + 1, 2 * coff * 512 + 8)
+    state = backing[:, :state_block, : 2 * coff * 512]
+    state[..., coff * 512 :] *= 3.0
+    rows = state_blocks * state_block
+    closing = torch.randint(1, V41_MAX_POSITION // ratio, (tokens,)) * ratio - 1
+    positions = torch.where(torch.arange(tokens) % 3 == 0, torch.randint(0, V41_MAX_POSITION, (tokens,)), closing)
+    window = positions[:, None] - coff * ratio + 1 + torch.arange(coff * ratio)
+    gather = torch.randint(0, rows, window.shape)
+    gather[torch.rand(gather.shape) < 0.05] += rows
+    gather[(window < 0) | (torch.rand(gather.shape) < 0.1)] = -1
+    num_blocks = -(-2 * tokens // block_size) + 1
+    kv_slots = distinct_slots(tokens, num_blocks * block_size, 0.1)
+    pages = record_pages(num_blocks, block_size, layout, placement)
+    weight = torch.rand(512) + 0.5
+    args = (state, gather, positions, kv_slots, weight, 1e-6, rope_table(V41_MAX_POSITION), pages, block_size, ratio,
+            layout, placement)
+    closes = (positions + 1) % ratio == 0
+    has_row = ((gather >= 0) & (gather < rows)).any(1)
+    return args, kv_slots[closes & has_row & (kv_slots >= 0)]
+
+
+def assert_records_close(got: torch.Tensor, want: torch.Tensor, slots, block_size: int, layout: str, placement: str):
+    """The entries at slots decode within one code step of the other's; most of their bytes equal; every other
+    byte of the storage equal."""
+    a = quant.read_records(got, slots, block_size, layout, placement)
+    b = quant.read_records(want, slots, block_size, layout, placement)
+    if layout == "model1":
+        tile_max = b.reshape(-1, 8, 64).abs().amax(-1, keepdim=True).expand(-1, 8, 64).reshape(b.shape)
+        step = tile_max / 8  # e4m3 codes: neighbours 1/8 apart at the top of the range; RoPE: a bf16 step
+    elif layout == "v41_fp8":
+        step = 2.0 ** (quant.v41_fp8_pack(b)[1].float() - 127).repeat_interleave(32, 1) * 2.0**-3 * quant.FP8_MAX
+    else:
+        step = quant.decode_e4m3(quant.v41_fp4_pack(b)[1]).repeat_interleave(16, 1) * 3.0  # 4 -> 6, scales 1 apart
+    assert ((a - b).abs() <= step + 1e-30).logical_or(a.isnan() & b.isnan()).all()
+    differing = (storage_bytes(got) != storage_bytes(want)).sum().item()
+    assert differing <= (1 - V41_MIN_EXACT_BYTES) * len(slots) * cache.KV_LAYOUTS[layout]
+    filler = torch.zeros(len(slots), 512)  # the same bytes over the written entries: the rest must be equal
+    quant.write_records(got, slots, block_size, filler, layout, placement)
+    quant.write_records(want, slots, block_size, filler, layout, placement)
+    assert torch.equal(storage_bytes(got), storage_bytes(want)), "bytes outside the written entries differ"
+
+
+@needs_cuda
+@pytest.mark.parametrize("ratio", (1, 2, 4, 128))
+@pytest.mark.parametrize("layout,placement", [lp for lp in RECORD_PLACEMENTS if lp[0] != "v32"],
+                         ids=[i for i, lp in zip(RECORD_IDS, RECORD_PLACEMENTS, strict=True) if lp[0] != "v32"])
+def test_compressor_store_matches_the_cpu(layout, placement, ratio):
+    args, written = compressor_inputs(ratio, 64, layout, placement)
+    assert written.numel() > 0
+    pages = args[7]
+    expected = clone_storage(pages)
+    run_on_cuda(torch.ops.dsv4.compress_norm_rope_store.layout, *args)
+    torch.ops.dsv4.compress_norm_rope_store.layout(*args[:7], expected, *args[8:])
+    assert_records_close(pages, expected, written, 64, layout, placement)
+
+
+def v41_decode_cases() -> list[DecodeCase]:
+    """Both V4.1 pairs in both placements over page sizes 1, 61, 64 (extra 53, 64), s_q 1 and 4, h_q 64 and 128,
+    lengths on and off, int32 and int64 indices; one case long enough that the plan splits requests."""
+    shapes = [(1, 64, 61, 53, 128, 64), (4, 128, 64, 64, 256, 128), (1, 128, 1, 53, 96, 40), (4, 64, 64, 53, 640, 64)]
+    cases = []
+    for pair in (("v41_fp8", "v41_fp4"), ("v41_fp8", "v41_fp8")):
+        for placement in PLACEMENTS:
+            for s_q, h_q, page, extra_page, topk, extra_topk in shapes:
+                i = len(cases)
+                j = i + i // len(shapes)
+                cases.append(DecodeCase(b=(3, 2, 5, 1)[j % 4], s_q=s_q, h_q=h_q, topk=topk, page=page,
+                                        extra_topk=extra_topk, extra_page=extra_page, topk_length=i % 2 == 0,
+                                        extra_topk_length=i % 3 != 0, sink=j % 4 != 3,
+                                        index_dtype=(torch.int32, torch.int64)[i % 2], layout=pair[0],
+                                        extra_layout=pair[1], placement=placement))
+    return cases
+
+
+V41_DECODE_CASES = v41_decode_cases()
+
+
+def decode_layout_args(args: dict, meta=None, splits=None) -> tuple:
+    """Positional arguments of torch.ops.dsv4.sparse_mla_decode.layout for decode_inputs(case)."""
+    return (args["q"], args["kv_cache"], args["indices"], args["topk_length"], args.get("attn_sink"),
+            args.get("extra_kv_cache"), args.get("extra_indices"), args.get("extra_topk_length"), args["block_size"],
+            args.get("extra_block_size", 0), D_V, args["sm_scale"], meta, splits, args["layout"],
+            args["extra_layout"], args["placement"])
+
+
+@needs_cuda
+@pytest.mark.parametrize("tier", CUDA_TIERS)
+@pytest.mark.parametrize("case", V41_DECODE_CASES, ids=str)
+def test_v41_decode_matches_the_cpu(tier, case, monkeypatch):
+    """Main and extra sets in their own records (the Hopper tier hands V4.1 to the portable kernel), -1 and
+    out-of-cache entries, NaN in every cache row no valid entry reads."""
+    if tier == "cuda-portable":
+        monkeypatch.setenv("DSV4_CUDA_TIER", "portable")
+    args = decode_inputs(case)
+    want_out, want_lse = torch.ops.dsv4.sparse_mla_decode.layout(*decode_layout_args(args))
+    gpu = on_cuda(args)
+    out, lse = torch.ops.dsv4.sparse_mla_decode.layout(*decode_layout_args(gpu))
+    assert_attention_close(out.cpu(), lse.cpu(), want_out, want_lse)
+    meta, splits = ops.sparse_mla_decode_schedule(gpu["q"], gpu["indices"], gpu["topk_length"], gpu["extra_indices"],
+                                                  gpu["extra_topk_length"])
+    planned = torch.ops.dsv4.sparse_mla_decode.layout(*decode_layout_args(gpu, meta, splits))
+    assert torch.equal(planned[0], out) and torch.equal(planned[1], lse), "a given plan gives the same bits"
+    ref_out, ref_lse = sparse_mla.sparse_mla_decode(**args)
+    assert_attention_close(out.cpu(), lse.cpu(), ref_out, ref_lse)

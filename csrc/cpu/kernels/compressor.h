@@ -81,7 +81,7 @@ inline void compress_norm_rope_store(const CompressNormRopeStoreParams& p) {
         // MODEL1 stores the RoPE dims as bf16 itself; the V4.1 records quantize all dims from their bf16 rounding.
         const int64_t rounded = p.layout == KvLayout::model1 ? kModel1NopeDim : dim;
         for (int64_t d = 0; d < rounded; ++d) acc[d] = round_bf16(acc[d]);
-        record_store(p.layout, p.cache, kv_slot, acc);
+        record512_store(p.layout, p.cache, kv_slot, acc);
       }
     }
   });

@@ -68,7 +68,7 @@ inline void qnorm_rope_kv_insert(const QNormRopeKvInsertParams& p) {
       rope_rotate(row + kModel1NopeDim, p.rope, index_at(p.positions, t), 1.0f);
       if (p.layout != KvLayout::model1)
         for (int64_t d = kModel1NopeDim; d < dim; ++d) row[d] = round_bf16(row[d]);
-      record_store(p.layout, p.cache, slot, row);
+      record512_store(p.layout, p.cache, slot, row);
     }
   });
 }

@@ -152,18 +152,24 @@ inline bool record_load(KvLayout layout, const PagedCache& c, int64_t slot, floa
   return true;
 }
 
-// Any attention record's entry at slot from bf16-rounded values (MODEL1: RoPE dims as given, rounded here); false
-// when the slot is invalid.
-inline bool record_store(KvLayout layout, const PagedCache& c, int64_t slot, const float* x) {
+// A 512-dim record's entry (MODEL1, V4.1 fp8 or fp4) at slot from 512 bf16-rounded values (MODEL1: RoPE dims as
+// given, rounded here); false when the slot is invalid.
+inline bool record512_store(KvLayout layout, const PagedCache& c, int64_t slot, const float* x) {
   const EntryBytes e = slot_entry(layout, c, slot);
-  if (!e.data) return false;
-  switch (layout) {
-    case KvLayout::model1: model1_store(e, x, x + kModel1NopeDim); break;
-    case KvLayout::v32: v32_store(e.data, x); break;
-    case KvLayout::v41_fp8: v41_fp8_store(e, x); break;
-    case KvLayout::v41_fp4: v41_fp4_store(e, x); break;
-  }
+  if (!e.data || layout == KvLayout::v32) return false;
+  if (layout == KvLayout::v41_fp8) v41_fp8_store(e, x);
+  else if (layout == KvLayout::v41_fp4) v41_fp4_store(e, x);
+  else model1_store(e, x, x + kModel1NopeDim);
   return true;
+}
+
+// Any attention record's entry at slot from record_head_dim(layout) bf16-rounded values; false when the slot is
+// invalid.
+inline bool record_store(KvLayout layout, const PagedCache& c, int64_t slot, const float* x) {
+  if (layout != KvLayout::v32) return record512_store(layout, c, slot, x);
+  const EntryBytes e = slot_entry(layout, c, slot);
+  if (e.data) v32_store(e.data, x);
+  return e.data != nullptr;
 }
 
 // Indexer K entry from 128 bf16-rounded values: e4m3 codes plus a power-of-two fp32 scale.

@@ -162,6 +162,16 @@ DSV4_DEVICE float e4m3_to_f32(uint8_t c) {
   else v = __uint_as_float(((exp + 120u) << 23) | (man << 20));
   return (c & 0x80u) ? -v : v;
 }
+
+// ---- fp4 e2m1 (V4.1 fp4 records) ----
+constexpr uint32_t kE2m1SignBit = 8u, kE2m1MagnitudeBits = 7u;
+// +-{0, 0.5, 1, 1.5, 2, 3, 4, 6} of an e2m1 code (code 8 is -0).
+DSV4_DEVICE float e2m1_to_f32(uint32_t code) {
+  const uint32_t m = code & kE2m1MagnitudeBits;  // from 2 on: (1 + (m & 1) / 2) * 2^((m >> 1) - 1)
+  const uint32_t bits = m < 2u ? (m == 1u ? 0x3f000000u : 0u) : ((m >> 1) + 126u) << 23 | (m & 1u) << 22;
+  return __uint_as_float(bits | (code & kE2m1SignBit) << 28);
+}
+
 // 2^e as fp32 for e in [-126, 127].
 DSV4_DEVICE float exp2_int(int e) { return __uint_as_float(uint32_t(e + 127) << 23); }
 

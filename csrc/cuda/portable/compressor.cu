@@ -1,6 +1,7 @@
 // Compressor: state rows [kv | score + ape] per raw token, then the compressed entry written by the last token of
-// each group: per-channel softmax pool over the window rows, RMSNorm, RoPE, quantize into the MODEL1 (head 512) or
-// indexer K (head 128) cache. One CTA per token: all threads pool channels, warp 0 finishes the row.
+// each group: per-channel softmax pool over the window rows, RMSNorm, RoPE, quantize into the p.layout record (head
+// 512: MODEL1, V4.1 fp8 or fp4) or indexer K (head 128) cache. One CTA per token: all threads pool channels, warp 0
+// finishes the row.
 #include "cuda/launchers.h"
 #include "cuda/portable/records.cuh"
 
@@ -32,10 +33,23 @@ __global__ void __launch_bounds__(kCopyThreads) save_partial_states_kernel(SaveP
   }
 }
 
+// The entry at slot: the indexer K codes and scale (head 128) or the p.layout record's bytes; data == nullptr when
+// the slot is outside the cache.
+template <int kDim>
+DSV4_DEVICE EntryBytes compressed_entry(const CompressNormRopeStoreParams& p, int64_t slot) {
+  if constexpr (kDim == kIndexerHeadDim) {
+    uint8_t* codes = slot_entry(p.cache, slot, 0, kIndexerHeadDim);
+    if (!codes) return {};
+    return {codes, slot_entry(p.cache, slot, p.cache.block_size * kIndexerHeadDim, kIndexerScaleBytes)};
+  } else {
+    return dsv4::slot_entry(p.layout, p.cache, slot);
+  }
+}
+
 // Normalizes, rotates and stores one pooled row (warp 0 of the CTA).
 template <int kDim>
-DSV4_DEVICE void store_compressed(const CompressNormRopeStoreParams& p, const float* pooled, int64_t slot,
-                                  int64_t rope_pos, uint8_t* entry) {
+DSV4_DEVICE void store_compressed(const CompressNormRopeStoreParams& p, const float* pooled, int64_t rope_pos,
+                                  const EntryBytes& entry) {
   constexpr int kSteps = lane_steps<kDim>();
   const int lane = lane_id();
   float x[kSteps];
@@ -47,10 +61,11 @@ DSV4_DEVICE void store_compressed(const CompressNormRopeStoreParams& p, const fl
   rope_lanes<kDim - kRopeDim>(x, p.rope, rope_pos, 1.0f);
   if constexpr (kDim == kIndexerHeadDim) {
     round_lanes_bf16(x, 0, kSteps);
-    indexer_k_store_lanes(entry, slot_entry(p.cache, slot, p.cache.block_size * kIndexerHeadDim, 4), x);
+    indexer_k_store_lanes(entry.data, entry.scales, x);
   } else {
-    round_lanes_bf16(x, 0, kModel1NopeDim / kWarpSize);
-    model1_store_lanes(entry, slot_entry(p.cache, slot, p.cache.block_size * kModel1DataBytes, kModel1ScaleBytes), x);
+    // MODEL1 stores the RoPE dims as bf16 itself; the V4.1 records quantize all dims from their bf16 rounding.
+    round_lanes_bf16(x, 0, p.layout == KvLayout::model1 ? kModel1NopeDim / kWarpSize : kSteps);
+    record512_store_lanes(p.layout, entry, x);
   }
 }
 
@@ -58,7 +73,6 @@ template <int kDim>
 __global__ void __launch_bounds__(kPoolThreads) compress_norm_rope_store_kernel(CompressNormRopeStoreParams p) {
   static_assert(kDim % kPoolThreads == 0, "whole channels per thread");
   constexpr int kChannels = kDim / kPoolThreads;
-  constexpr int64_t kEntryBytes = kDim == kIndexerHeadDim ? kIndexerHeadDim : kModel1DataBytes;
   __shared__ int64_t window_rows[kMaxCompressWindow];  // offset of each window row's projection half, -1: invalid
   __shared__ float pooled[kDim];
   const int64_t width = p.coff * kDim;
@@ -67,8 +81,8 @@ __global__ void __launch_bounds__(kPoolThreads) compress_norm_rope_store_kernel(
     const int64_t pos = index_at(p.positions, t);
     if (pos < 0 || pos % p.ratio != p.ratio - 1) continue;  // not an entry's last token (no pos + 1 overflow)
     const int64_t rope_pos = (pos / p.ratio) * p.ratio, slot = index_at(p.kv_slots, t);
-    uint8_t* entry = slot_entry(p.cache, slot, 0, kEntryBytes);
-    if (!entry || !rope_row_valid(p.rope, rope_pos)) continue;
+    const EntryBytes entry = compressed_entry<kDim>(p, slot);
+    if (!entry.data || !rope_row_valid(p.rope, rope_pos)) continue;
     __syncthreads();  // the previous token's readers of the shared arrays are done
     for (int64_t w = threadIdx.x; w < p.window; w += kPoolThreads) {
       const int64_t row = state_row_offset(p.state, index_at(p.gather_slots, t, w));
@@ -104,7 +118,7 @@ __global__ void __launch_bounds__(kPoolThreads) compress_norm_rope_store_kernel(
 #pragma unroll
     for (int c = 0; c < kChannels; ++c) pooled[c * kPoolThreads + threadIdx.x] = acc[c] / denom[c];
     __syncthreads();
-    if (threadIdx.x < kWarpSize) store_compressed<kDim>(p, pooled, slot, rope_pos, entry);
+    if (threadIdx.x < kWarpSize) store_compressed<kDim>(p, pooled, rope_pos, entry);
   }
 }
 

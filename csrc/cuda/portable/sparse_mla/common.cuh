@@ -1,5 +1,6 @@
-// Sparse MLA pieces shared by the portable and Hopper decode tiers: a MODEL1 / V32 cache entry decoded to the
-// bf16-exact values the CPU kernels attend with (16 dims at a time or one value), the 64-entry blocks and split
+// Sparse MLA pieces shared by the portable and Hopper decode tiers: a cache entry of any record (MODEL1, V32, V4.1
+// fp8 or fp4, in its placement) decoded to the bf16-exact values the CPU kernels attend with (16 dims at a time or
+// one value), the 64-entry blocks and split
 // pieces of the decode plan (common/decode_schedule.h), and the finalisation of one (query, head) row from its
 // online-softmax state into the bf16 output or an fp32 split partial.
 #pragma once
@@ -7,20 +8,23 @@
 
 #include "common/cache_layouts.h"
 #include "common/decode_schedule.h"
+#include "common/records.h"
 #include "cuda/portable/common.cuh"
 
 namespace dsv4::cuda::mla {
 
-// ---- cache entry layouts (geometry: common/cache_layouts.h) ----
-constexpr int kValueDim = 512;  // V is the first 512 dims of an entry in both layouts
+// ---- cache entry layouts (geometry: common/cache_layouts.h, common/records.h) ----
+constexpr int kValueDim = 512;  // V is the first 512 dims of an entry in every record
 constexpr int kChunkDims = 16;  // dims decoded per chunk
 constexpr int kChunkWords = kChunkDims / 2;  // packed bf16 pairs per chunk
 constexpr uint8_t kNanScaleByte = 255;
+static_assert(kChunkDims == kV41Fp4Tile && kV41Fp8Tile % kChunkDims == 0, "a chunk lies within one scale tile");
 
-inline DSV4_HOST_DEVICE int entry_dims(KvLayout layout) { return layout == KvLayout::model1 ? 512 : 576; }
+inline DSV4_HOST_DEVICE int entry_dims(KvLayout layout) { return record_head_dim(layout); }
 inline DSV4_HOST_DEVICE int entry_chunks(KvLayout layout) { return entry_dims(layout) / kChunkDims; }
 
-// Where one entry's bytes are: data (codes, then scales for V32, then RoPE) and the MODEL1 scale bytes.
+// Where one entry's bytes are: data (V32: codes, then scales, then RoPE) and scales (MODEL1, V4.1: the scale
+// bytes, in the page's scale rows or after the data by placement; V32: the fp32 scales).
 struct EntryRef {
   const uint8_t* data = nullptr;
   const uint8_t* scales = nullptr;
@@ -28,16 +32,10 @@ struct EntryRef {
 
 // The entry at slot of a paged cache; false (and nothing read) when the slot is outside the cache.
 DSV4_DEVICE bool locate_entry(KvLayout layout, const PagedCache& c, int64_t slot, EntryRef* e) {
-  if (slot < 0 || c.block_size <= 0 || slot >= c.num_blocks * c.block_size) return false;
-  const int64_t block = slot / c.block_size, offset = slot - block * c.block_size;
-  const uint8_t* page = c.base + block * c.block_stride;
-  if (layout == KvLayout::model1) {
-    e->data = page + offset * kModel1DataBytes;
-    e->scales = page + c.block_size * kModel1DataBytes + offset * kModel1ScaleBytes;
-  } else {
-    e->data = page + offset * kV32BytesPerEntry;
-    e->scales = e->data + kV32NopeDim;
-  }
+  const EntryBytes bytes = dsv4::slot_entry(layout, c, slot);
+  if (!bytes.data) return false;
+  e->data = bytes.data;
+  e->scales = bytes.scales;
   return true;
 }
 
@@ -49,6 +47,18 @@ DSV4_DEVICE void load_16_bytes(const uint8_t* p, uint32_t w[4]) {
     return;
   }
   for (int k = 0; k < 4; ++k)
+    w[k] = uint32_t(p[4 * k]) | uint32_t(p[4 * k + 1]) << 8 | uint32_t(p[4 * k + 2]) << 16 |
+           uint32_t(p[4 * k + 3]) << 24;
+}
+
+// 8 bytes as 2 little-endian words, at any alignment.
+DSV4_DEVICE void load_8_bytes(const uint8_t* p, uint32_t w[2]) {
+  if ((reinterpret_cast<uintptr_t>(p) & 7u) == 0) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    w[0] = v.x, w[1] = v.y;
+    return;
+  }
+  for (int k = 0; k < 2; ++k)
     w[k] = uint32_t(p[4 * k]) | uint32_t(p[4 * k + 1]) << 8 | uint32_t(p[4 * k + 2]) << 16 |
            uint32_t(p[4 * k + 3]) << 24;
 }
@@ -69,15 +79,29 @@ DSV4_DEVICE uint32_t scaled_code_bf16(uint32_t code, float scale) {
   return f32_to_bf16(e4m3_to_f32(uint8_t(code)) * scale);
 }
 
+// bf16 bits of e2m1(code) * scale (exact in fp32 and in bf16).
+DSV4_DEVICE uint32_t scaled_e2m1_bf16(uint32_t code, float scale) { return f32_to_bf16(e2m1_to_f32(code) * scale); }
+
 DSV4_DEVICE float bf16_lo(uint32_t pair) { return __uint_as_float(pair << 16); }
 DSV4_DEVICE float bf16_hi(uint32_t pair) { return __uint_as_float(pair & 0xffff0000u); }
 DSV4_DEVICE uint32_t pack_bf16(uint32_t lo, uint32_t hi) { return lo | hi << 16; }
 
 // Dims [16 * chunk, 16 * chunk + 16) of an entry as 8 packed bf16 pairs (low half: the even dim); chunk below
-// entry_chunks(layout). NoPE chunks are bf16(e4m3 * tile scale), RoPE chunks the stored bf16 values.
+// entry_chunks(layout). e4m3 chunks are bf16(e4m3 * tile scale), e2m1 chunks bf16(e2m1 * tile scale) (one V4.1 fp4
+// tile: 8 bytes of nibbles, dim 2i low), RoPE chunks (MODEL1, V32) the stored bf16 values.
 DSV4_DEVICE void decode_entry_chunk(KvLayout layout, const EntryRef& e, int chunk, uint32_t out[kChunkWords]) {
-  const bool model1 = layout == KvLayout::model1;
-  const int nope_chunks = (model1 ? kModel1NopeDim : kV32NopeDim) / kChunkDims;
+  if (layout == KvLayout::v41_fp4) {
+    const float scale = e4m3_to_f32(e.scales[chunk]);
+    uint32_t nibbles[2];
+    load_8_bytes(e.data + chunk * kChunkDims / 2, nibbles);
+    for (int i = 0; i < kChunkWords; ++i) {
+      const uint32_t pair = (nibbles[i / 4] >> (8 * (i % 4))) & 0xffu;
+      out[i] = pack_bf16(scaled_e2m1_bf16(pair & 0xfu, scale), scaled_e2m1_bf16(pair >> 4, scale));
+    }
+    return;
+  }
+  const bool model1 = layout == KvLayout::model1, v41 = layout == KvLayout::v41_fp8;
+  const int nope_chunks = (model1 ? kModel1NopeDim : v41 ? kV41HeadDim : kV32NopeDim) / kChunkDims;
   if (chunk >= nope_chunks) {
     const uint8_t* rope = e.data + (model1 ? kModel1NopeDim : kV32RopeOffset) + (chunk - nope_chunks) * 2 * kChunkDims;
     load_16_bytes(rope, out);
@@ -85,6 +109,7 @@ DSV4_DEVICE void decode_entry_chunk(KvLayout layout, const EntryRef& e, int chun
     return;
   }
   const float scale = model1 ? ue8m0_scale(e.scales[chunk * kChunkDims / kModel1Tile])
+                      : v41  ? ue8m0_scale(e.scales[chunk * kChunkDims / kV41Fp8Tile])
                              : load_unaligned_f32(e.scales + 4 * (chunk * kChunkDims / kV32Tile));
   uint32_t codes[4];
   load_16_bytes(e.data + chunk * kChunkDims, codes);
@@ -96,6 +121,12 @@ DSV4_DEVICE void decode_entry_chunk(KvLayout layout, const EntryRef& e, int chun
 
 // Dim i of an entry as fp32 (bf16-exact), one value at a time.
 DSV4_DEVICE float decode_entry_value(KvLayout layout, const EntryRef& e, int i) {
+  if (layout == KvLayout::v41_fp4) {
+    const uint32_t pair = e.data[i / 2], code = (i & 1) ? pair >> 4 : pair & 0xfu;
+    return bf16_to_f32(uint16_t(scaled_e2m1_bf16(code, e4m3_to_f32(e.scales[i / kV41Fp4Tile]))));
+  }
+  if (layout == KvLayout::v41_fp8)
+    return bf16_to_f32(uint16_t(scaled_code_bf16(e.data[i], ue8m0_scale(e.scales[i / kV41Fp8Tile]))));
   const bool model1 = layout == KvLayout::model1;
   const int nope = model1 ? kModel1NopeDim : kV32NopeDim;
   if (i >= nope) {

@@ -192,7 +192,8 @@ struct Bf16RowSource {
   }
 };
 
-// Entries of one index set of a decode query (r, s) in a MODEL1 / V32 paged cache.
+// Entries of one index set of a decode query (r, s) in a paged cache of the set's record (MODEL1, V32, V4.1 fp8 or
+// fp4; main and extra sets may differ).
 struct CacheEntrySource {
   SparseIndexSet set;  // a copy: pointers into kernel parameters would move them to local memory
   KvLayout layout;

@@ -1,7 +1,8 @@
-// Portable sparse MLA decode over MODEL1 / V32 paged fp8 caches (FlashMLA semantics): plans the split (unless the
-// caller gave a plan), attends, then merges split pieces (combine.cu). Grid (head groups, s_q, partitions):
-// a CTA walks its partition's pieces (sched_meta row), each a range of a request's 64-entry blocks for query s,
-// and writes the final row of a request with one piece or an fp32 partial at its split row otherwise.
+// Portable sparse MLA decode over paged MODEL1 / V32 / V4.1 caches, each index set in its own record (FlashMLA
+// semantics): plans the split (unless the caller gave a plan), attends, then merges split pieces (combine.cu).
+// Grid (head groups, s_q, partitions): a CTA walks its partition's pieces (sched_meta row), each a range of a
+// request's 64-entry blocks for query s, and writes the final row of a request with one piece or an fp32 partial at
+// its split row otherwise.
 #include "cuda/launchers.h"
 #include "cuda/portable/sparse_mla/cta.cuh"
 
