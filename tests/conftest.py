@@ -58,6 +58,14 @@ def opcheck(request):
     return run
 
 
+@pytest.fixture
+def restore_threads():
+    """Restores torch's intra-op thread count after a test that sets it."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -3,15 +3,8 @@
 #pragma once
 #include <cstdint>
 
+#include "common/host_device.h"
 #include "common/params.h"
-
-#if !defined(DSV4_HOST_DEVICE)
-#if defined(__CUDACC__) || defined(__HIPCC__)
-#define DSV4_HOST_DEVICE __host__ __device__
-#else
-#define DSV4_HOST_DEVICE
-#endif
-#endif
 
 namespace dsv4 {
 

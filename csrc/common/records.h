@@ -9,15 +9,8 @@
 #include <cstdint>
 
 #include "common/cache_layouts.h"
+#include "common/host_device.h"
 #include "common/params.h"
-
-#if !defined(DSV4_HOST_DEVICE)  // common/indices.h defines it too; that header is not for the CPU tiers
-#if defined(__CUDACC__) || defined(__HIPCC__)
-#define DSV4_HOST_DEVICE __host__ __device__
-#else
-#define DSV4_HOST_DEVICE
-#endif
-#endif
 
 namespace dsv4 {
 

@@ -262,13 +262,6 @@ def test_v32_scales_decode_exactly(isa):
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("threads", SPLIT_THREADS)
 @pytest.mark.parametrize("b", [1, 3])
 def test_split_entries_across_threads(isa, restore_threads, threads, b):

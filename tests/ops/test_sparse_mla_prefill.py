@@ -109,13 +109,6 @@ def test_strided_query(isa):
     check_prefill(args)
 
 
-@pytest.fixture
-def restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("threads", SPLIT_THREADS)
 def test_split_entries_across_threads(isa, restore_threads, threads):
     torch.set_num_threads(threads)

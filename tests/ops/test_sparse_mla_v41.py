@@ -84,13 +84,6 @@ def test_decode_full_grid(request, isa, case):
     check_decode(case)
 
 
-@pytest.fixture
-def restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("threads", SPLIT_THREADS)
 def test_split_entries_across_threads(isa, restore_threads, threads):
     torch.set_num_threads(threads)
