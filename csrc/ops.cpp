@@ -25,10 +25,11 @@ STABLE_TORCH_LIBRARY(dsv4, m) {
   m.def("compress_norm_rope_store(Tensor state_cache, Tensor gather_slots, Tensor positions, Tensor kv_slot_mapping, "
         "Tensor rms_norm_weight, float rms_norm_eps, Tensor cos_sin_cache, Tensor(a!) kv_cache, int block_size, "
         "int compress_ratio) -> ()");
-  // The same into any 512-dim record (model1, v41_fp8, v41_fp4) in either V4.1 placement (page_split, per_token).
+  // The same into any 512-dim record (model1, v41_fp8, v41_fp4) in either V4.1 placement (page_split, per_token);
+  // latent_out (bf16 [T, 512]) also receives each written entry before its RoPE (V4.1's indexer keys start there).
   m.def("compress_norm_rope_store.layout(Tensor state_cache, Tensor gather_slots, Tensor positions, "
         "Tensor kv_slot_mapping, Tensor rms_norm_weight, float rms_norm_eps, Tensor cos_sin_cache, Tensor(a!) kv_cache, "
-        "int block_size, int compress_ratio, str layout, str placement) -> ()");
+        "int block_size, int compress_ratio, str layout, str placement, Tensor(b!)? latent_out=None) -> ()");
   m.def("compress_norm_rope_store_indexer(Tensor state_cache, Tensor gather_slots, Tensor positions, "
         "Tensor kv_slot_mapping, Tensor rms_norm_weight, float rms_norm_eps, Tensor cos_sin_cache, Tensor(a!) kv_cache, "
         "int block_size, int compress_ratio) -> ()");

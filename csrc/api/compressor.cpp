@@ -1,4 +1,5 @@
 // Bindings of the compressor ops (state rows, pooled + normalized + rotated compressed entries).
+#include <optional>
 #include <string>
 
 #include <torch/csrc/stable/library.h>
@@ -62,7 +63,8 @@ void save_partial_states(Tensor kv, Tensor score, Tensor ape, Tensor positions, 
 // kv_cache: the indexer K record for head_dim 128, `layout` in `placement` for 512.
 void compress_common(const char* op, int64_t head_dim, KvLayout layout, bool per_token, Tensor state,
                      Tensor gather_slots, Tensor positions, Tensor kv_slot_mapping, Tensor norm_weight, double eps,
-                     Tensor cos_sin_cache, Tensor kv_cache, int64_t block_size, int64_t ratio) {
+                     Tensor cos_sin_cache, Tensor kv_cache, int64_t block_size, int64_t ratio,
+                     const std::optional<Tensor>& latent_out = std::nullopt) {
   const DeviceScope scope(state);
   check_same_device(op, state, {{"gather_slots", &gather_slots}, {"positions", &positions},
                                 {"kv_slot_mapping", &kv_slot_mapping}, {"rms_norm_weight", &norm_weight},
@@ -109,24 +111,40 @@ void compress_common(const char* op, int64_t head_dim, KvLayout layout, bool per
                ", beyond the ", p.rope.rows, " rows of cos_sin_cache");
   }
   check_write_slots({op, "kv_slot_mapping"}, p.kv_slots, n, p.cache.num_blocks * block_size);
+  if (latent_out) {
+    const Tensor& latent = *latent_out;
+    check_same_device(op, state, {{"latent_out", &latent}});
+    check_dtype({op, "latent_out"}, latent, {ScalarType::BFloat16});
+    check_dim({op, "latent_out"}, latent, 2);
+    check_size({op, "latent_out"}, latent, 0, n);
+    check_size({op, "latent_out"}, latent, 1, head_dim);
+    DSV4_CHECK(latent.stride(1) == 1, op, "argument 'latent_out' must have a contiguous last dim, got stride ",
+               latent.stride(1));
+    check_no_overlap(op, "latent_out", latent, {{"kv_cache", &kv_cache}, {"state_cache", &state},
+                                                {"gather_slots", &gather_slots}, {"positions", &positions},
+                                                {"kv_slot_mapping", &kv_slot_mapping}});
+    p.latent = static_cast<uint16_t*>(latent.data_ptr());
+    p.latent_stride = latent.stride(0);
+  }
   backend_kernels().compress_norm_rope_store(p);
 }
 
 void compress_norm_rope_store_layout(Tensor state, Tensor gather_slots, Tensor positions, Tensor kv_slot_mapping,
                                      Tensor norm_weight, double eps, Tensor cos_sin_cache, Tensor kv_cache,
-                                     int64_t block_size, int64_t ratio, std::string layout, std::string placement) {
+                                     int64_t block_size, int64_t ratio, std::string layout, std::string placement,
+                                     std::optional<Tensor> latent_out) {
   const char* op = "compress_norm_rope_store";
   const KvLayout l = parse_layout({op, "layout"}, layout);
   DSV4_CHECK(l != KvLayout::v32, op, "argument 'layout' must be a 512-dim record (model1, v41_fp8, v41_fp4), got v32");
   compress_common(op, kModel1HeadDim, l, parse_placement({op, "placement"}, placement, l), state, gather_slots,
-                  positions, kv_slot_mapping, norm_weight, eps, cos_sin_cache, kv_cache, block_size, ratio);
+                  positions, kv_slot_mapping, norm_weight, eps, cos_sin_cache, kv_cache, block_size, ratio, latent_out);
 }
 
 void compress_norm_rope_store(Tensor state, Tensor gather_slots, Tensor positions, Tensor kv_slot_mapping,
                               Tensor norm_weight, double eps, Tensor cos_sin_cache, Tensor kv_cache, int64_t block_size,
                               int64_t ratio) {
   compress_norm_rope_store_layout(state, gather_slots, positions, kv_slot_mapping, norm_weight, eps, cos_sin_cache,
-                                  kv_cache, block_size, ratio, "model1", "page_split");
+                                  kv_cache, block_size, ratio, "model1", "page_split", std::nullopt);
 }
 
 void compress_norm_rope_store_indexer(Tensor state, Tensor gather_slots, Tensor positions, Tensor kv_slot_mapping,

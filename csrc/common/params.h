@@ -100,6 +100,8 @@ struct CompressNormRopeStoreParams {
   PagedCache cache;  // head_dim 512: a `layout` record (MODEL1, V4.1 fp8 or fp4); 128: indexer K
   KvLayout layout = KvLayout::model1;
   int64_t ratio = 0, head_dim = 0, coff = 1, num_tokens = 0;
+  uint16_t* latent = nullptr;  // optional bf16 [num_tokens, head_dim], row stride latent_stride: the normed entry
+  int64_t latent_stride = 0;
 };
 
 struct QuantizeKvInsertParams {

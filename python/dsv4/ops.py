@@ -165,6 +165,7 @@ def compress_norm_rope_store(
     *,
     layout: str = "model1",
     placement: str = "page_split",
+    latent_out: torch.Tensor | None = None,
 ) -> None:
     """Compressed MLA entry (head 512) into a ``layout`` cache (``model1``, ``v41_fp8`` or ``v41_fp4`` in
     ``placement``), for tokens with ``(p+1) % R == 0``.
@@ -172,11 +173,13 @@ def compress_norm_rope_store(
     gather_slots ``[T, coff*R]``: state slots of positions ``p-coff*R+1 .. p`` (-1 invalid); row w
     uses projection half ``w // R``. Per channel softmax-pool over valid rows, RMSNorm with
     ``rms_norm_weight`` fp32 ``[512]``, RoPE at ``(p // R) * R``, quantize at
-    ``kv_slot_mapping[t]``. A token with no valid window row writes nothing.
+    ``kv_slot_mapping[t]``. A token with no valid window row writes nothing. ``latent_out`` (bf16
+    ``[T, 512]``, optional) receives each written entry after the RMSNorm and before the RoPE, rounded to
+    bf16 (V4.1's indexer keys are projected from it); its other rows keep their values.
     """
     _ops.compress_norm_rope_store.layout(state_cache, gather_slots, positions, kv_slot_mapping, rms_norm_weight,
                                          rms_norm_eps, cos_sin_cache, kv_cache, block_size, compress_ratio, layout,
-                                         placement)
+                                         placement, latent_out)
 
 
 _fake_writes_only("compress_norm_rope_store")

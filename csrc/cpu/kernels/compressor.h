@@ -72,6 +72,10 @@ inline void compress_norm_rope_store(const CompressNormRopeStoreParams& p) {
       for (int64_t d = 0; d < dim; ++d) acc[d] /= denom[d];
       const float inv_rms = 1.0f / std::sqrt(sum_squares(acc, dim) / float(dim) + p.eps);
       for (int64_t d = 0; d < dim; ++d) acc[d] = acc[d] * inv_rms * p.norm_weight[d];
+      if (p.latent) {
+        uint16_t* latent = p.latent + t * p.latent_stride;
+        for (int64_t d = 0; d < dim; ++d) latent[d] = f32_to_bf16(acc[d]);
+      }
       const int64_t rope_start = dim - p.rope.rope_dim;
       rope_rotate(acc + rope_start, p.rope, (pos / p.ratio) * p.ratio, 1.0f);
       if (dim == kIndexerHeadDim) {

@@ -48,8 +48,8 @@ DSV4_DEVICE EntryBytes compressed_entry(const CompressNormRopeStoreParams& p, in
 
 // Normalizes, rotates and stores one pooled row (warp 0 of the CTA).
 template <int kDim>
-DSV4_DEVICE void store_compressed(const CompressNormRopeStoreParams& p, const float* pooled, int64_t rope_pos,
-                                  const EntryBytes& entry) {
+DSV4_DEVICE void store_compressed(const CompressNormRopeStoreParams& p, const float* pooled, int64_t t,
+                                  int64_t rope_pos, const EntryBytes& entry) {
   constexpr int kSteps = lane_steps<kDim>();
   const int lane = lane_id();
   float x[kSteps];
@@ -58,6 +58,11 @@ DSV4_DEVICE void store_compressed(const CompressNormRopeStoreParams& p, const fl
   const float inv_rms = 1.0f / sqrtf(warp_sum_squares(x) / float(kDim) + p.eps);
 #pragma unroll
   for (int j = 0; j < kSteps; ++j) x[j] = x[j] * inv_rms * p.norm_weight[j * kWarpSize + lane];
+  if (p.latent) {  // the normed entry before its rotation (V4.1 projects its indexer keys from it)
+    uint16_t* latent = p.latent + t * p.latent_stride;
+#pragma unroll
+    for (int j = 0; j < kSteps; ++j) latent[j * kWarpSize + lane] = f32_to_bf16(x[j]);
+  }
   rope_lanes<kDim - kRopeDim>(x, p.rope, rope_pos, 1.0f);
   if constexpr (kDim == kIndexerHeadDim) {
     round_lanes_bf16(x, 0, kSteps);
@@ -118,7 +123,7 @@ __global__ void __launch_bounds__(kPoolThreads) compress_norm_rope_store_kernel(
 #pragma unroll
     for (int c = 0; c < kChannels; ++c) pooled[c * kPoolThreads + threadIdx.x] = acc[c] / denom[c];
     __syncthreads();
-    if (threadIdx.x < kWarpSize) store_compressed<kDim>(p, pooled, rope_pos, entry);
+    if (threadIdx.x < kWarpSize) store_compressed<kDim>(p, pooled, t, rope_pos, entry);
   }
 }
 

@@ -26,9 +26,11 @@ from .indexer import (
     split_indexer_prefill_chunks,
 )
 from .layer_types import (
+    INDEXED_LAYER_TYPES,
     LAYER_TYPE_C4A,
     LAYER_TYPE_C128A,
     LAYER_TYPE_SWAONLY,
+    MODEL_VERSIONS,
     LayerType,
     compress_ratio_of,
     layer_type_for_ratio,
@@ -67,7 +69,9 @@ __all__ = [
     "DeepseekV4CPUSparseSWAMetadataBuilder",
     "DeepseekV4FlashMLAMetadata",
     "DeepseekV4SparseMLAMetadataBuilder",
+    "INDEXED_LAYER_TYPES",
     "LayerType",
+    "MODEL_VERSIONS",
     "all_compressed_local_indices",
     "build_tile_schedulers",
     "c128a_width",

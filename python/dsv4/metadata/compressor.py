@@ -22,6 +22,7 @@ C128_STATE_BLOCK_SIZE = 8  # state rows per block of a ratio-128 compressor
 
 
 def compressor_state_block_size(compress_ratio: int) -> int:
+    """Rows per state block: 4 for ratio 4, 8 otherwise (ratio 128, and V4.1's ratios 1 and 2)."""
     return C4_STATE_BLOCK_SIZE if compress_ratio == C4_RATIO else C128_STATE_BLOCK_SIZE
 
 
@@ -35,9 +36,10 @@ class CompressorMetadata:
 
 
 class CompressorMetadataBuilder:
-    """Builds :class:`CompressorMetadata` for the state group of one compressor (ratio 4 or 128)."""
+    """Builds :class:`CompressorMetadata` for the state group of one compressor (ratio 4 or 128; V4.1: a C1A or
+    C2A layer type, ratio 1 or 2)."""
 
-    def __init__(self, config: AttentionMetadataConfig, compress_ratio: int) -> None:
+    def __init__(self, config: AttentionMetadataConfig, compress_ratio: int | LayerType) -> None:
         layer_type = layer_type_for_ratio(compress_ratio)
         if layer_type is LayerType.SWA_ONLY:
             raise ValueError(f"compressor metadata needs a compress ratio in {(C4_RATIO, C128_RATIO)}, "

@@ -13,7 +13,7 @@ import torch
 
 from ..constants import C4_RATIO
 from .common import AttentionMetadataConfig, CommonAttentionMetadata, check_capacity, split_decodes_and_prefills
-from .layer_types import compress_ratio_of, layer_type_for_ratio
+from .layer_types import LayerType, compress_ratio_of, layer_type_for_ratio
 from .sparse_mla import compressed_slot_mapping
 
 FP32_BYTES = 4  # logits are fp32
@@ -99,9 +99,9 @@ def split_indexer_prefill_chunks(
 class DeepseekV32IndexerMetadataBuilder:
     """Builds :class:`DeepseekV32IndexerMetadata` for the indexer cache group (ratio 4)."""
 
-    def __init__(self, config: AttentionMetadataConfig, compress_ratio: int = C4_RATIO) -> None:
+    def __init__(self, config: AttentionMetadataConfig, compress_ratio: int | LayerType = C4_RATIO) -> None:
         self.config = config
-        self.compress_ratio = compress_ratio_of(layer_type_for_ratio(compress_ratio))
+        self.compress_ratio = compress_ratio_of(layer_type_for_ratio(compress_ratio))  # V4.1: C1A or C2A
         self.storage_block_size = config.logical_block_size // self.compress_ratio
         self.next_n = config.decode_threshold
         self.workspace_size = config.max_model_len * PREFILL_WORKSPACE_FACTOR // self.compress_ratio

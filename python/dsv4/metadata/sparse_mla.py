@@ -52,7 +52,7 @@ class DeepseekV4FlashMLAMetadata:
     max_seq_len: int
     num_actual_tokens: int
     query_start_loc: torch.Tensor
-    slot_mapping: torch.Tensor  # compressed slot mapping (R > 1), else the group's slot mapping
+    slot_mapping: torch.Tensor  # compressed slot mapping (compressed layers), else the group's slot mapping
     block_table: torch.Tensor  # in 256-token logical blocks
     req_id_per_token: torch.Tensor
     block_size: int  # logical block (256); entries per page = block_size // compress_ratio
@@ -66,9 +66,9 @@ class DeepseekV4FlashMLAMetadata:
 class DeepseekV4SparseMLAMetadataBuilder:
     """Builds :class:`DeepseekV4FlashMLAMetadata` for one compress ratio into persistent buffers."""
 
-    def __init__(self, config: AttentionMetadataConfig, compress_ratio: int) -> None:
+    def __init__(self, config: AttentionMetadataConfig, compress_ratio: int | LayerType) -> None:
         self.config = config
-        self.layer_type = layer_type_for_ratio(compress_ratio)
+        self.layer_type = layer_type_for_ratio(compress_ratio)  # a V4.1 layer passes its LayerType
         self.compress_ratio = compress_ratio_of(self.layer_type)
         self.block_size = config.logical_block_size
         self.storage_block_size = self.block_size // self.compress_ratio
@@ -87,7 +87,7 @@ class DeepseekV4SparseMLAMetadataBuilder:
         self.req_id_per_token.zero_()  # a CUDA graph's padded rows read request 0
         req_id_per_token = cm.token_to_req_indices(self.req_id_per_token)
         slot_mapping = cm.slot_mapping
-        if self.compress_ratio > 1:
+        if self.layer_type is not LayerType.SWA_ONLY:
             slot_mapping = compressed_slot_mapping(cm, self.compress_ratio, self.storage_block_size,
                                                    self.compressed_slot_mapping)
         c128a = self._build_c128a_metadata(cm, req_id_per_token) if self.layer_type is LayerType.C128A else {}

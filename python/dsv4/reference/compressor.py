@@ -67,15 +67,21 @@ def pooled_normed_entries(
 
 
 def _rotated_entries(state_cache, gather_slots, positions, kv_slot_mapping, rms_norm_weight, rms_norm_eps,
-                     cos_sin_cache, compress_ratio, head_dim) -> tuple[torch.Tensor, torch.Tensor]:
-    """(pooled, normed entries rotated at ``(p // R) * R`` ``[T, head_dim]``, the slot each writes or -1)."""
+                     cos_sin_cache, compress_ratio, head_dim, latent_out=None, capacity=0
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pooled, normed entries rotated at ``(p // R) * R`` ``[T, head_dim]``, the slot each writes or -1); the
+    rows written into a cache of ``capacity`` slots also go, before the rotation, to ``latent_out`` (bf16)."""
     entries, has_row = pooled_normed_entries(state_cache, gather_slots, rms_norm_weight, rms_norm_eps,
                                              compress_ratio, head_dim)
     positions = positions.long()
-    entries = apply_rope(entries, positions // compress_ratio * compress_ratio, cos_sin_cache)
+    rotated = apply_rope(entries, positions // compress_ratio * compress_ratio, cos_sin_cache)
     # Only the last token of a group writes, and only when its window pooled at least one row.
     writes = ((positions + 1) % compress_ratio == 0) & has_row
-    return entries, torch.where(writes, kv_slot_mapping.long(), -1)
+    slots = torch.where(writes, kv_slot_mapping.long(), -1)
+    if latent_out is not None:
+        keep = (slots >= 0) & (slots < capacity)
+        latent_out[keep] = entries[keep].to(latent_out.dtype)
+    return rotated, slots
 
 
 def compress_norm_rope_store(
@@ -91,6 +97,7 @@ def compress_norm_rope_store(
     compress_ratio: int,
     layout: str = "model1",
     placement: str = "page_split",
+    latent_out: torch.Tensor | None = None,
 ) -> None:
     """Head 512 compressed entries into a ``layout`` cache (MODEL1, V4.1 fp8 or fp4 in ``placement``).
 
@@ -98,9 +105,11 @@ def compress_norm_rope_store(
     RMSNorm, rotate the un-rounded last 64 dims at ``(p // R) * R``, then quantize (MODEL1: NoPE
     bf16-rounded then tile-quantized, RoPE stored bf16; V4.1: all dims bf16-rounded, then quantized). A token
     whose window has no valid row writes nothing (its softmax would be 0/0): the cache entry keeps its old bytes.
+    ``latent_out`` (bf16 ``[T, 512]``) receives each written entry before its rotation.
     """
     entries, slots = _rotated_entries(state_cache, gather_slots, positions, kv_slot_mapping, rms_norm_weight,
-                                      rms_norm_eps, cos_sin_cache, compress_ratio, MODEL1_HEAD_DIM)
+                                      rms_norm_eps, cos_sin_cache, compress_ratio, MODEL1_HEAD_DIM, latent_out,
+                                      kv_cache.shape[0] * block_size)
     quant.write_records(kv_cache, slots, block_size, entries, layout, placement)
 
 
