@@ -20,9 +20,13 @@ from ..metadata import (
 )
 from .cache_manager import CacheGroup, PagedCacheManager, ScheduledBatch
 
-COMPRESSED_GROUP = {LayerType.C4A: CacheGroup.C4_KV, LayerType.C128A: CacheGroup.C128_KV}
+COMPRESSED_GROUP = {LayerType.C4A: CacheGroup.C4_KV, LayerType.C128A: CacheGroup.C128_KV,
+                    LayerType.C1A: CacheGroup.C1_KV, LayerType.C2A: CacheGroup.C2_KV}
+INDEXER_GROUP = {LayerType.C4A: CacheGroup.C4_INDEXER_K, LayerType.C1A: CacheGroup.C1_INDEXER_K,
+                 LayerType.C2A: CacheGroup.C2_INDEXER_K}
 STATE_GROUPS = {CacheGroup.C4_STATE: LayerType.C4A, CacheGroup.C4_INDEXER_STATE: LayerType.C4A,
-                CacheGroup.C128_STATE: LayerType.C128A}
+                CacheGroup.C128_STATE: LayerType.C128A, CacheGroup.C1_STATE: LayerType.C1A,
+                CacheGroup.C2_STATE: LayerType.C2A}
 
 
 @dataclass
@@ -31,8 +35,13 @@ class StepMetadata:
     positions: torch.Tensor  # [T] int64
     swa: DeepseekSparseSWAMetadata
     compressed: dict[LayerType, DeepseekV4FlashMLAMetadata]  # per compressed layer type present
-    indexer: DeepseekV32IndexerMetadata | None  # with C4A layers
+    indexers: dict[LayerType, DeepseekV32IndexerMetadata]  # per indexed layer type present (C4A; V4.1 C1A, C2A)
     compressor: dict[CacheGroup, CompressorMetadata]  # per compressor-state group present
+
+    @property
+    def indexer(self) -> DeepseekV32IndexerMetadata | None:
+        """The C4A layers' indexer metadata (V4.0)."""
+        return self.indexers.get(LayerType.C4A)
 
     @property
     def num_tokens(self) -> int:
@@ -53,12 +62,14 @@ class StepMetadataBuilder:
         present = set(manager.layer_types)
         self.swa = self.impl.swa_builder_cls(self.metadata_config)
         mla_builder = self.impl.mla_backend.get_builder_cls()
-        self.compressed = {t: mla_builder(self.metadata_config, compress_ratio_of(t))
-                           for t in COMPRESSED_GROUP if t in present}
-        self.indexer = (self.impl.indexer_backend.get_builder_cls()(self.metadata_config)
-                        if LayerType.C4A in present else None)
-        self.compressor = {g: CompressorMetadataBuilder(self.metadata_config, compress_ratio_of(t))
-                           for g, t in STATE_GROUPS.items() if t in present}
+        # V4.1 types go in as types: their ratios 1 and 2 mean other layers in V4.0
+        kind = {t: (compress_ratio_of(t) if t in (LayerType.C4A, LayerType.C128A) else t) for t in present}
+        self.compressed = {t: mla_builder(self.metadata_config, kind[t]) for t in COMPRESSED_GROUP if t in present}
+        indexer_builder = self.impl.indexer_backend.get_builder_cls()
+        self.indexers = {t: indexer_builder(self.metadata_config, kind[t]) for t in INDEXER_GROUP if t in present}
+        self.compressor = {g: CompressorMetadataBuilder(self.metadata_config, kind[t])
+                           for g, t in STATE_GROUPS.items() if t in present and (
+                               g is not CacheGroup.C4_INDEXER_STATE or config.model_version == "v4")}
 
     def build(self, batch: ScheduledBatch) -> StepMetadata:
         base = self.manager.common_metadata(CacheGroup.SWA, batch)
@@ -72,6 +83,6 @@ class StepMetadataBuilder:
             positions=base.positions,
             swa=self.swa.build(common(CacheGroup.SWA)),
             compressed={t: b.build(common(COMPRESSED_GROUP[t])) for t, b in self.compressed.items()},
-            indexer=None if self.indexer is None else self.indexer.build(common(CacheGroup.C4_INDEXER_K)),
+            indexers={t: b.build(common(INDEXER_GROUP[t])) for t, b in self.indexers.items()},
             compressor={g: b.build(common(g)) for g, b in self.compressor.items()},
         )

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..constants import INDEXER_HEAD_DIM, MODEL1_HEAD_DIM, ROPE_DIM, SLIDING_WINDOW
 from ..backends import resolve_kv_cache_record
+from ..constants import INDEXER_HEAD_DIM, MODEL1_HEAD_DIM, ROPE_DIM, SLIDING_WINDOW
 from ..metadata.layer_types import MODEL_VERSIONS, LayerType, layer_types
 from ..reference.topk import TOPK_SIZES
 from ..rope import YarnScaling

@@ -21,7 +21,8 @@ import torch
 import dsv4
 
 from ..constants import MODEL1_NOPE_DIM, MODEL1_ROPE_DIM
-from ..metadata import LayerType, layer_types
+from ..metadata import LayerType
+from ..reference import layer_v41 as reference_v41
 from ..reference.layer import (
     MAX_RELATIVE_ERROR,
     MIN_COSINE,
@@ -128,9 +129,14 @@ def check_selection(layer, inputs: torch.Tensor, position: int, chosen_indices: 
     """The kernels' top-k of one query (fp8 indexer) against the float indexer scores: the right number of visible
     entries, and every entry the float top-k lacks scores within SELECTION_MARGIN (a fraction of the row's score
     range) of the float cut-off; near-tied entries may swap, a wrong one may not. Returns (ok, summary)."""
-    scores = indexer_scores(layer, inputs, torch.tensor([position]))[0]
+    return selection_verdict(indexer_scores(layer, inputs, torch.tensor([position]))[0], layer.config.index_topk,
+                             chosen_indices)
+
+
+def selection_verdict(scores: torch.Tensor, topk: int, chosen_indices: torch.Tensor) -> tuple[bool, str]:
+    """:func:`check_selection` given the float scores ``[count]`` of the query (-inf: not visible)."""
     visible = scores > float("-inf")
-    floats = top_entries(scores[None], layer.config.index_topk)[0]
+    floats = top_entries(scores[None], topk)[0]
     kernels = selection_mask(chosen_indices[None], scores.shape[0])[0]
     if not visible.any():
         return bool(not kernels.any()), "no entries"
@@ -142,6 +148,56 @@ def check_selection(layer, inputs: torch.Tensor, position: int, chosen_indices: 
           and shortfall <= SELECTION_MARGIN)
     recall = float((kernels & floats).sum()) / max(int(floats.sum()), 1)
     return ok, f"recall {recall:.3f}, {int(swapped.sum())} swapped, worst {shortfall:.4f} of the score range below"
+
+
+def candidate_mask(blocks: torch.Tensor, block_size: int, count: int) -> torch.Tensor:
+    """bool ``[count]``: the entries inside the published candidate blocks (int ``[n]``, -1 pads)."""
+    return torch.isin(torch.arange(count) // block_size, blocks[blocks >= 0].long().cpu())
+
+
+def check_last_step_v41(stack: AttentionStack, requests: list[Request], batch: ScheduledBatch,
+                        outputs: list[torch.Tensor]) -> bool:
+    """:func:`check_last_step` for V4.1 layers: each compressed layer against the dense reference built from its
+    kv source's inputs, given the selection of its index source; each index source's selection against the float
+    scores of its kv source's keys (inside the published candidate blocks for a two-level layer)."""
+    config = stack.config
+    print(f"\ncheck: the last decode step of every layer vs the dense float reference given the same selected "
+          f"entries and the kv source's inputs (cosine >= {MIN_COSINE} per token, relative error <= "
+          f"{MAX_RELATIVE_ERROR:.0%}); every index source's selection vs the float indexer (swapped entries within "
+          f"{SELECTION_MARGIN:.0%} of the score range of its cut-off)")
+    passed = True
+    for index, layer in enumerate(stack.layers):
+        compressed = layer.selection_source is not None
+        kv_source = config.kv_source_of(index) if compressed else None
+        chosen = layer.selection_source.topk_indices_buffer[: len(batch.request_ids)].cpu() if compressed else None
+        expected, notes = [], []
+        for row, (r, seq_len) in enumerate(zip(batch.request_ids, batch.seq_lens, strict=True)):
+            inputs = torch.cat(requests[r].layer_inputs[index])
+            source_inputs = torch.cat(requests[r].layer_inputs[kv_source]) if compressed else None
+            expected.append(reference_v41.dense_attention(
+                layer, inputs, torch.tensor([seq_len - 1]), stack.layers[kv_source] if compressed else None,
+                source_inputs, chosen[row : row + 1] if compressed else None))
+            if layer.is_index_source:
+                allowed = None
+                if layer.uses_candidates:
+                    count = seq_len // layer.compress_ratio
+                    blocks = layer.candidate_source.candidate_blocks[row]
+                    allowed = candidate_mask(blocks, config.candidate_block_size, count)[None]
+                scores = reference_v41.indexer_scores(layer, inputs, stack.layers[kv_source], source_inputs,
+                                                      torch.tensor([seq_len - 1]), allowed)[0]
+                ok, note = selection_verdict(scores, config.index_topk, chosen[row])
+                passed &= ok
+                kind = "two-level selection" if layer.uses_candidates else "selection"
+                notes.append(f"    request {r}: {kind} {note}  {'PASS' if ok else 'FAIL'}")
+        cosine, error = agreement(outputs[index], torch.cat(expected))
+        ok = cosine >= MIN_COSINE and error <= MAX_RELATIVE_ERROR
+        passed &= ok
+        sources = f" (kv {kv_source}, index {config.index_source_of(index)})" if compressed else ""
+        print(f"  layer {index} {layer.layer_type.value:8s}{sources} min cosine {cosine:.5f}  relative error "
+              f"{error:6.2%}  {'PASS' if ok else 'FAIL'}")
+        for note in notes:
+            print(note)
+    return passed
 
 
 def check_last_step(stack: AttentionStack, requests: list[Request], batch: ScheduledBatch,
@@ -178,10 +234,15 @@ def run_demo(prompt_lens: list[int], decode_steps: int, num_layers: int, step_to
     torch.manual_seed(seed)
     config = get_config(preset).first_layers(num_layers)
     max_model_len = max(prompt_lens) + decode_steps
-    kinds = ", ".join(f"{i}:{t.value}" for i, t in enumerate(layer_types(config.compress_ratios)))
+    kinds = ", ".join(f"{i}:{t.value}" for i, t in enumerate(config.layer_types))
     print(f"DeepSeek-V4 attention demo: {config.name} (layers {kinds})")
-    print(f"  {config.num_attention_heads} heads x {config.head_dim} ({MODEL1_NOPE_DIM} fp8 + {MODEL1_ROPE_DIM} bf16 "
-          f"rope), hidden "
+    if config.model_version == "v4.1":
+        records = (f"window {config.cache_record('window')}, compressed {config.cache_record('compressed')} records, "
+                   f"{config.index_key_format} indexer keys; kv sources {list(config.kv_source_layer_ids)}, index "
+                   f"sources {list(config.index_source_layer_ids)}")
+    else:
+        records = f"{MODEL1_NOPE_DIM} fp8 + {MODEL1_ROPE_DIM} bf16 rope"
+    print(f"  {config.num_attention_heads} heads x {config.head_dim} ({records}), hidden "
           f"{config.hidden_size}, window {config.sliding_window}, indexer {config.index_n_heads} x "
           f"{config.index_head_dim} top-{config.index_topk}")
     print(f"  CPU tier {dsv4.cpu_isa()}, {torch.get_num_threads()} threads; ops on the reference: "
@@ -223,4 +284,5 @@ def run_demo(prompt_lens: list[int], decode_steps: int, num_layers: int, step_to
         progress("decode", step_index + 1, decode_steps, "steps ", elapsed, (step_index + 1) * len(ids) / elapsed)
     print()
     report_ops(prefill_timer, decode_timer)
-    return check_last_step(stack, requests, batch, layer_outputs)
+    check = check_last_step_v41 if config.model_version == "v4.1" else check_last_step
+    return check(stack, requests, batch, layer_outputs)

@@ -111,7 +111,7 @@ class DeepseekV4Attention(torch.nn.Module):
         for name, buffer in self.named_buffers():
             leaf = name.rsplit(".", 1)[-1]
             values = torch.empty(buffer.shape, dtype=buffer.dtype)  # drawn on the CPU: the same weights on any device
-            if leaf in ("norm", "q_norm", "kv_norm"):
+            if leaf in ("norm", "q_norm", "kv_norm", "k_norm"):
                 values.uniform_(1 - NORM_WEIGHT_SPREAD / 2, 1 + NORM_WEIGHT_SPREAD / 2, generator=generator)
             elif leaf == "ape":
                 values.normal_(0.0, APE_STD, generator=generator)

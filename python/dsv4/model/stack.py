@@ -9,6 +9,7 @@ from .attention_step import StepMetadata, StepMetadataBuilder
 from .cache_manager import PagedCacheManager, ScheduledBatch
 from .config import DeepseekV4AttentionConfig
 from .layer import DeepseekV4Attention
+from .layer_v41 import DeepseekV41Attention
 from .timing import NULL_TIMER
 
 
@@ -20,9 +21,11 @@ class AttentionStack:
         self.config = config
         self.manager = PagedCacheManager(config, max_model_len, max_num_reqs, device)
         self.step_builder = StepMetadataBuilder(self.manager, max_num_batched_tokens)
-        self.layers = [DeepseekV4Attention(config, i, max_model_len=max_model_len,
-                                           max_num_batched_tokens=max_num_batched_tokens, seed=seed + i,
-                                           device=device) for i in range(config.num_hidden_layers)]
+        layer_cls = DeepseekV41Attention if config.model_version == "v4.1" else DeepseekV4Attention
+        self.layers = [layer_cls(config, i, max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
+                                 seed=seed + i, device=device) for i in range(config.num_hidden_layers)]
+        for layer in self.layers if config.model_version == "v4.1" else ():
+            layer.attach_sources(self.layers)  # V4.1 layers read the caches and selections of earlier layers
 
     def prepare(self, batch: ScheduledBatch, timer=NULL_TIMER) -> StepMetadata:
         """Grows the requests' block tables to their new lengths and builds the step's metadata."""
