@@ -23,6 +23,7 @@ from .constants import (
     CACHE_ALIGNMENT,
     INDEXER_HEAD_DIM,
     INDEXER_K_BYTES_PER_ENTRY,
+    INDEXER_K_FP4_BYTES_PER_ENTRY,
     MODEL1_BYTES_PER_TOKEN,
     MODEL1_HEAD_DIM,
     V32_BYTES_PER_TOKEN,
@@ -32,7 +33,7 @@ from .constants import (
     V41_HEAD_DIM,
     V41_PAGE_ALIGNMENT,
 )
-from .reference.quant import RECORDS, indexer_k_pack
+from .reference.quant import RECORDS, indexer_k_pack, indexer_key_pack
 from .reference.quant import convert_placement as _reference_convert_placement
 
 KV_LAYOUTS = {"model1": MODEL1_BYTES_PER_TOKEN, "v32": V32_BYTES_PER_TOKEN, "v41_fp8": V41_FP8_BYTES_PER_TOKEN,
@@ -43,6 +44,10 @@ PLACEMENTS = ("page_split", "per_token")
 # FlashMLA's k_cache.shape[-1] -> the record it names
 LAYOUT_OF_ENTRY_BYTES = {bytes_: layout for layout, bytes_ in KV_LAYOUTS.items()}
 FP32_BYTES = 4
+# Indexer K entries: key format -> bytes per entry (fp8: 128 e4m3 + fp32 scale; mxfp4: 64 B e2m1 + 4 UE8M0)
+INDEXER_KEY_FORMATS = {"fp8": INDEXER_K_BYTES_PER_ENTRY, "mxfp4": INDEXER_K_FP4_BYTES_PER_ENTRY}
+# DeepGEMM's kv_cache.shape[-1] -> the key format it names
+INDEXER_KEY_FORMAT_OF_ENTRY_BYTES = {bytes_: name for name, bytes_ in INDEXER_KEY_FORMATS.items()}
 
 
 def aligned_page_bytes(entries_per_page: int, bytes_per_entry: int, alignment: int = CACHE_ALIGNMENT) -> int:
@@ -78,10 +83,16 @@ def kv_page_bytes(block_size: int, layout: str = "model1", placement: str = "pag
     return aligned_page_bytes(block_size, KV_LAYOUTS[layout])
 
 
-def indexer_k_page_bytes(block_size: int = 64) -> int:
-    """Padded page bytes of the indexer K cache (132 B/entry)."""
+def _check_key_format(key_format: str) -> None:
+    if key_format not in INDEXER_KEY_FORMATS:
+        raise ValueError(f"unknown indexer key format {key_format!r}; supported: {sorted(INDEXER_KEY_FORMATS)}")
+
+
+def indexer_k_page_bytes(block_size: int = 64, key_format: str = "fp8") -> int:
+    """Padded page bytes of the indexer K cache (``fp8`` 132 B/entry, ``mxfp4`` 68 B/entry), padded alike."""
     _check_geometry(None, block_size)
-    return aligned_page_bytes(block_size, INDEXER_K_BYTES_PER_ENTRY)
+    _check_key_format(key_format)
+    return aligned_page_bytes(block_size, INDEXER_KEY_FORMATS[key_format])
 
 
 def compressor_coff(compress_ratio: int) -> int:
@@ -105,10 +116,11 @@ def allocate_kv_cache(num_blocks: int, block_size: int, layout: str = "model1", 
     return torch.zeros(num_blocks, kv_page_bytes(block_size, layout, placement), dtype=torch.uint8, device=device)
 
 
-def allocate_indexer_k_cache(num_blocks: int, block_size: int = 64, device=None) -> torch.Tensor:
-    """uint8 ``[num_blocks, page_bytes]`` indexer K cache (zero-filled)."""
+def allocate_indexer_k_cache(num_blocks: int, block_size: int = 64, device=None,
+                             key_format: str = "fp8") -> torch.Tensor:
+    """uint8 ``[num_blocks, page_bytes]`` indexer K cache of ``key_format`` entries (zero-filled)."""
     _check_geometry(num_blocks, block_size)
-    return torch.zeros(num_blocks, indexer_k_page_bytes(block_size), dtype=torch.uint8, device=device)
+    return torch.zeros(num_blocks, indexer_k_page_bytes(block_size, key_format), dtype=torch.uint8, device=device)
 
 
 def allocate_compressor_state(
@@ -180,10 +192,14 @@ def _page_bytes(cache: torch.Tensor) -> torch.Tensor:
     return flat.reshape(flat.shape[0], -1)
 
 
-def quantize_indexer_k(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indexer K rows ``[N, 128]`` -> (e4m3 codes uint8 ``[N, 128]``, power-of-two fp32 scales ``[N]``)."""
+def quantize_indexer_k(k: torch.Tensor, key_format: str = "fp8") -> tuple[torch.Tensor, torch.Tensor]:
+    """Indexer K rows ``[N, 128]`` -> ``fp8``: (e4m3 codes uint8 ``[N, 128]``, power-of-two fp32 scales ``[N]``);
+    ``mxfp4``: (e2m1 pairs uint8 ``[N, 64]``, UE8M0 bytes uint8 ``[N, 4]``). Values are bf16-rounded first."""
     if k.shape[-1] != INDEXER_HEAD_DIM:
         raise ValueError(f"indexer K rows must have {INDEXER_HEAD_DIM} dims, got {tuple(k.shape)}")
+    _check_key_format(key_format)
+    if key_format == "mxfp4":
+        return indexer_key_pack(k, key_format)
     return indexer_k_pack(k)
 
 

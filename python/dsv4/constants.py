@@ -52,3 +52,11 @@ SWA_BLOCK_SIZE = 64  # SWA cache pages hold 64 raw tokens
 COMPRESSED_LOGICAL_BLOCK = 256  # compressed/indexer block tables count 256-token logical blocks
 C4_RATIO = 4  # C4A (CSA) layers: one compressed entry per 4 tokens, with the indexer
 C128_RATIO = 128  # C128A (HCA) layers: one compressed entry per 128 tokens, all attended
+
+# MXFP4 indexer K entry (DeepSeek-V4.1): 64 bytes of e2m1 codes (dim 2i in the low nibble of byte i) + 4 UE8M0
+# scales (one per 32 dims); pages hold block_size code rows, then block_size scale rows
+INDEXER_MXFP4_BLOCK = 32
+INDEXER_K_FP4_DATA_BYTES = INDEXER_HEAD_DIM // 2
+INDEXER_K_FP4_SCALE_BYTES = INDEXER_HEAD_DIM // INDEXER_MXFP4_BLOCK
+INDEXER_K_FP4_BYTES_PER_ENTRY = 68
+MXFP4_AMAX_FLOOR = 6.0 * 2.0**-126  # a block's amax floor: its exponent is then at least -126

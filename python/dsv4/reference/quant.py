@@ -13,6 +13,8 @@ Layouts (one page of ``block_size`` entries; pages may be padded, always honour 
   in the high one), 32 e4m3 scales (dims 16j..16j+15).
 - Indexer K (132 B/entry): entry i's 128 e4m3 bytes at ``128*i``, its fp32 scale at
   ``128*block_size + 4*i``.
+- Indexer K MXFP4 (68 B/entry, DeepSeek-V4.1): entry i's 64 bytes of e2m1 pairs at ``64*i``, its 4 UE8M0 scales
+  (dims 32j..32j+31) at ``64*block_size + 4*i``.
 
 Every attention record is a data part and a scale part (V32's "scales" are the bytes after its codes). Two
 placements put them in a page: ``page_split`` (MODEL1 always, V4.1 as vLLM and SGLang write it): data of entry i at
@@ -31,12 +33,16 @@ from ..constants import (
     INDEXER_AMAX_FLOOR,
     INDEXER_HEAD_DIM,
     INDEXER_K_BYTES_PER_ENTRY,
+    INDEXER_K_FP4_DATA_BYTES,
+    INDEXER_K_FP4_SCALE_BYTES,
+    INDEXER_MXFP4_BLOCK,
     MODEL1_BYTES_PER_TOKEN,
     MODEL1_DATA_BYTES,
     MODEL1_NOPE_DIM,
     MODEL1_ROPE_DIM,
     MODEL1_SCALE_BYTES,
     MODEL1_TILE,
+    MXFP4_AMAX_FLOOR,
     SCALE_FLOOR,
     V32_BYTES_PER_TOKEN,
     V32_NOPE_DIM,
@@ -377,3 +383,127 @@ def convert_placement(cache, block_size, layout, src_placement, dst_placement, o
 
 assert MODEL1_BYTES_PER_TOKEN == MODEL1_DATA_BYTES + MODEL1_SCALE_BYTES
 assert INDEXER_K_BYTES_PER_ENTRY == INDEXER_HEAD_DIM + 4
+
+
+# ---- MXFP4 (DeepSeek-V4.1 indexer keys and queries) ---------------------------------------------------------------
+#
+# Per block of 32 dims: amax = max |x| over the block's non-NaN values, floored at 6 * 2^-126; exponent
+# e = ceil(log2(amax / 6)) (the fp32 division, rounded once) clamped to [-127, 127] (an infinite amax gives 127);
+# scale byte e + 127; codes e2m1(x * 2^-e) rounded to the nearest grid value with ties to the lower magnitude
+# (boundaries 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 take the lower code), saturating at 6, the sign bit only on a
+# non-zero magnitude. NaN has no e2m1 code: it is left out of amax and stored as code 0. Codes pack two per byte,
+# the even dim in the low nibble. Decoding: e2m1(code) * 2^(byte - 127) (byte 255 is NaN, as every UE8M0 byte here).
+
+_MXFP4_BOUNDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+
+
+def mxfp4_exponent(blocks: torch.Tensor) -> torch.Tensor:
+    """int32 scale exponents of blocks (last dim): ceil(log2(max(amax, 6 * 2^-126) / 6)) in [-127, 127]."""
+    a = blocks.float().abs()
+    amax = torch.where(torch.isnan(a), 0.0, a).amax(dim=-1)
+    amax = torch.clamp_min(amax, MXFP4_AMAX_FLOOR)
+    finite = torch.isfinite(amax)
+    exponent = ceil_log2(torch.where(finite, amax / E2M1_MAX, 1.0))
+    return torch.where(finite, exponent, 127).clamp(-127, 127).to(torch.int32)
+
+
+def encode_e2m1_lower_ties(y: torch.Tensor) -> torch.Tensor:
+    """e2m1 codes (uint8 0..15) of fp32 y: nearest, ties to the lower magnitude, saturating at 6; NaN -> 0; the sign
+    bit only with a non-zero magnitude."""
+    a = y.abs()
+    magnitude = torch.zeros(y.shape, dtype=torch.uint8)
+    for bound in _MXFP4_BOUNDS:
+        magnitude += (a > bound).to(torch.uint8)  # NaN compares false: magnitude 0
+    sign = (torch.signbit(y) & (magnitude > 0)).to(torch.uint8) << 3
+    return magnitude | sign
+
+
+def mxfp4_pack(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[..., D]`` values (D a multiple of 32) -> (e2m1 pairs uint8 ``[..., D/2]``, UE8M0 bytes uint8 ``[..., D/32]``).
+
+    Values are used as given (fp32); callers round to bf16 first where the format says so."""
+    shape = x.shape
+    blocks = x.float().reshape(*shape[:-1], shape[-1] // INDEXER_MXFP4_BLOCK, INDEXER_MXFP4_BLOCK)
+    exponent = mxfp4_exponent(blocks)
+    scaled = torch.ldexp(blocks, (-exponent).unsqueeze(-1).float())
+    codes = encode_e2m1_lower_ties(scaled).reshape(*shape[:-1], shape[-1] // 2, 2)
+    return codes[..., 0] | codes[..., 1] << 4, (exponent + 127).to(torch.uint8)
+
+
+def mxfp4_unpack(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """(e2m1 pairs uint8 ``[..., D/2]``, UE8M0 bytes uint8 ``[..., D/32]``) -> float32 ``[..., D]`` (exact)."""
+    shape = codes.shape
+    dim = 2 * shape[-1]
+    values = decode_e2m1(torch.stack([codes & 0xF, codes >> 4], dim=-1).reshape(*shape[:-1], dim))
+    blocks = values.reshape(*shape[:-1], dim // INDEXER_MXFP4_BLOCK, INDEXER_MXFP4_BLOCK)
+    return (blocks * _ue8m0(scales).unsqueeze(-1)).reshape(*shape[:-1], dim)
+
+
+# ---- the indexer K cache in either key format: (data bytes, scale bytes) per entry ------------------------------
+
+# key format -> (data bytes, scale bytes) of one entry
+INDEXER_KEY_FORMATS = {
+    "fp8": (INDEXER_HEAD_DIM, INDEXER_K_BYTES_PER_ENTRY - INDEXER_HEAD_DIM),
+    "mxfp4": (INDEXER_K_FP4_DATA_BYTES, INDEXER_K_FP4_SCALE_BYTES),
+}
+
+
+def check_key_format(key_format: str) -> tuple[int, int]:
+    if key_format not in INDEXER_KEY_FORMATS:
+        raise ValueError(f"unknown indexer key format {key_format!r}; supported: {sorted(INDEXER_KEY_FORMATS)}")
+    return INDEXER_KEY_FORMATS[key_format]
+
+
+def indexer_key_pack(k: torch.Tensor, key_format: str = "fp8") -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, 128] values -> (data uint8 [N, D], scale bytes uint8 [N, S]) of one key format; values bf16-rounded."""
+    check_key_format(key_format)
+    if key_format == "mxfp4":
+        return mxfp4_pack(round_bf16(k))
+    codes, scales = indexer_k_pack(k)
+    return codes, scales.float().contiguous().view(torch.uint8).reshape(-1, 4)
+
+
+def indexer_key_unpack(data: torch.Tensor, scales: torch.Tensor, key_format: str = "fp8"):
+    """(data [N, D], scale bytes [N, S]) -> (float32 values [N, 128] before the key scale, fp32 key scales [N]):
+    fp8 keys keep their one scale apart (the logits multiply by it last); mxfp4 keys are decoded whole, scale 1."""
+    check_key_format(key_format)
+    if key_format == "mxfp4":
+        return mxfp4_unpack(data, scales), torch.ones(data.shape[0])
+    return decode_e4m3(data), scales.contiguous().view(torch.float32).reshape(-1)
+
+
+def _indexer_entry_columns(key_format: str, block_size: int, offsets: torch.Tensor):
+    data, scales = check_key_format(key_format)
+    off = offsets.long()[:, None]
+    return off * data + torch.arange(data), block_size * data + off * scales + torch.arange(scales)
+
+
+def indexer_key_write(cache, slots, block_size, data, scales, key_format="fp8"):
+    """Reference store of already-packed keys (data [N, D], scale bytes [N, S]) at slots (invalid ones skipped)."""
+    pages = cache_pages(cache)
+    ok = valid_slots(slots.long(), pages.shape[0], block_size)
+    block, off = slots.long()[ok] // block_size, slots.long()[ok] % block_size
+    data_cols, scale_cols = _indexer_entry_columns(key_format, block_size, off)
+    pages[block[:, None], data_cols] = data[ok]
+    pages[block[:, None], scale_cols] = scales[ok]
+
+
+def indexer_key_read(cache, slots, block_size, key_format="fp8"):
+    """Reference gather: (data uint8 [*slots.shape, D], scale bytes uint8 [*slots.shape, S]); invalid slots zero."""
+    pages = cache_pages(cache)
+    data, scales = check_key_format(key_format)
+    flat = slots.reshape(-1).long()
+    ok = valid_slots(flat, pages.shape[0], block_size)
+    safe = torch.where(ok, flat, 0)
+    data_cols, scale_cols = _indexer_entry_columns(key_format, block_size, safe % block_size)
+    block = (safe // block_size)[:, None]
+    got_data = torch.where(ok[:, None], pages[block, data_cols], 0) if flat.numel() else torch.zeros(0, data)
+    got_scales = torch.where(ok[:, None], pages[block, scale_cols], 0) if flat.numel() else torch.zeros(0, scales)
+    return (got_data.to(torch.uint8).reshape(*slots.shape, data),
+            got_scales.to(torch.uint8).reshape(*slots.shape, scales))
+
+
+def indexer_k_insert(cache, slots, block_size, k, key_format="fp8"):
+    """Reference ``indexer_k_quant_insert``: rows k [N, 128] bf16-rounded, packed in key_format, stored at slots."""
+    data, scales = indexer_key_pack(k, key_format)
+    indexer_key_write(cache, slots, block_size, data, scales, key_format)
