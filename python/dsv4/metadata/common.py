@@ -25,6 +25,7 @@ class AttentionMetadataConfig:
     max_num_batched_tokens: int
     max_model_len: int
     compress_ratios: tuple[int, ...] = ()  # per layer; decides which tile schedulers exist
+    model_version: str = "v4"  # what the ratios mean ("v4.1": 0 window only, 1 and 2 compressed)
     index_topk: int = 512
     num_speculative_tokens: int = 0
     sliding_window: int = SLIDING_WINDOW

@@ -83,7 +83,7 @@ class DeepseekSparseSWAMetadataBuilder:
         self.window_size = config.sliding_window
         self.block_size = config.swa_block_size
         self.decode_threshold = config.decode_threshold
-        self.layer_types = {layer_type_for_ratio(r) for r in config.compress_ratios}
+        self.layer_types = {layer_type_for_ratio(r, config.model_version) for r in config.compress_ratios}
         rows, device = config.max_num_batched_tokens, config.device
         self.token_to_req_indices = torch.zeros(rows, dtype=torch.int32, device=device)
         self.is_valid_token = torch.zeros(rows, dtype=torch.bool, device=device)

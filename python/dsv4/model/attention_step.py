@@ -56,7 +56,7 @@ class StepMetadataBuilder:
         config = manager.config
         self.metadata_config = AttentionMetadataConfig(
             max_num_batched_tokens=max_num_batched_tokens, max_model_len=manager.max_model_len,
-            compress_ratios=config.compress_ratios, index_topk=config.index_topk,
+            compress_ratios=config.compress_ratios, model_version=config.model_version, index_topk=config.index_topk,
             sliding_window=config.sliding_window, max_num_reqs=manager.max_num_reqs, device=manager.device)
         self.impl = impl or select_sparse_impl(AttentionConfig(device=manager.device))
         present = set(manager.layer_types)

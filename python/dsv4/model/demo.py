@@ -163,7 +163,8 @@ def check_last_step_v41(stack: AttentionStack, requests: list[Request], batch: S
     config = stack.config
     print(f"\ncheck: the last decode step of every layer vs the dense float reference given the same selected "
           f"entries and the kv source's inputs (cosine >= {MIN_COSINE} per token, relative error <= "
-          f"{MAX_RELATIVE_ERROR:.0%}); every index source's selection vs the float indexer (swapped entries within "
+          f"{MAX_RELATIVE_ERROR:.0%}); every index source's selection vs the float indexer on the stored keys and "
+          f"queries (swapped entries within "
           f"{SELECTION_MARGIN:.0%} of the score range of its cut-off)")
     passed = True
     for index, layer in enumerate(stack.layers):
@@ -184,7 +185,7 @@ def check_last_step_v41(stack: AttentionStack, requests: list[Request], batch: S
                     blocks = layer.candidate_source.candidate_blocks[row]
                     allowed = candidate_mask(blocks, config.candidate_block_size, count)[None]
                 scores = reference_v41.indexer_scores(layer, inputs, stack.layers[kv_source], source_inputs,
-                                                      torch.tensor([seq_len - 1]), allowed)[0]
+                                                      torch.tensor([seq_len - 1]), allowed, stored=True)[0]
                 ok, note = selection_verdict(scores, config.index_topk, chosen[row])
                 passed &= ok
                 kind = "two-level selection" if layer.uses_candidates else "selection"

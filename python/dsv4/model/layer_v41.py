@@ -135,15 +135,24 @@ class DeepseekV41Attention(torch.nn.Module):
         self.candidate_blocks = (torch.full((rows, config.candidate_topk_blocks), -1, dtype=torch.int32,
                                             device=device) if self.is_candidate_source else None)
         self.ape = torch.zeros(max(self.compress_ratio, 1), dim, device=device)  # V4.1 pools without position bias
-        self.selection_source: DeepseekV41Attention | None = None
-        self.candidate_source: DeepseekV41Attention | None = None
+        self._sources: dict[str, DeepseekV41Attention] = {}  # a plain dict: other layers are not submodules
 
     def attach_sources(self, layers: list[DeepseekV41Attention]) -> None:
         """Links the layer whose top-k it attends and, for a two-level index layer, the candidate source."""
         if self.layer_type is not LayerType.SWA_ONLY:
-            self.selection_source = layers[self.config.index_source_of(self.layer_id)]
+            self._sources["selection"] = layers[self.config.index_source_of(self.layer_id)]
         if self.uses_candidates:
-            self.candidate_source = layers[self.config.candidate_source_layer_id]
+            self._sources["candidates"] = layers[self.config.candidate_source_layer_id]
+
+    @property
+    def selection_source(self) -> DeepseekV41Attention | None:
+        """The index-source layer whose top-k this layer attends (None for a window-only layer)."""
+        return self._sources.get("selection")
+
+    @property
+    def candidate_source(self) -> DeepseekV41Attention | None:
+        """The layer publishing the candidate blocks this index layer chooses inside (None if it chooses freely)."""
+        return self._sources.get("candidates")
 
     def forward(self, hidden_states: torch.Tensor, step: StepMetadata, caches: LayerCaches,
                 timer=NULL_TIMER) -> torch.Tensor:

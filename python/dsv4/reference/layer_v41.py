@@ -14,6 +14,8 @@ import torch
 
 from ..constants import INDEXER_HEAD_DIM
 from ..metadata import LayerType
+from . import indexer as reference_indexer
+from . import quant
 from .layer import _rms, selection_mask
 from .rope_slots import apply_rope
 
@@ -52,17 +54,47 @@ def index_keys(source, hidden: torch.Tensor) -> torch.Tensor:
     return apply_rope(keys, torch.arange(keys.shape[0]) * source.compress_ratio, source.cos_sin_cache.cpu())
 
 
+def _stored_keys(keys: torch.Tensor, key_format: str) -> torch.Tensor:
+    """Keys as the indexer K cache of ``key_format`` returns them (bf16 rounding, then the format's round trip)."""
+    rounded = keys.bfloat16().float()
+    if key_format == "mxfp4":
+        return quant.mxfp4_unpack(*quant.mxfp4_pack(rounded))
+    codes, scales = quant.indexer_k_pack(rounded)
+    return quant.decode_e4m3(codes) * scales[:, None]
+
+
+def _stored_queries(q, queries, cos_sin, head_weights, key_format) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rotated queries as the kernels quantize them, head weights with the scales the kernels fold in)."""
+    dim, heads = q.shape[-1], q.shape[1]
+    if key_format == "mxfp4":
+        codes, scales, weights = reference_indexer.indexer_q_rope_quant_mxfp4(q, queries, cos_sin, head_weights,
+                                                                            dim**-0.5, heads**-0.5)
+        return reference_indexer.decode_query(codes, scales), weights
+    q_fp8, weights = reference_indexer.indexer_q_rope_quant(q, queries, cos_sin, head_weights, dim**-0.5,
+                                                            heads**-0.5)
+    return q_fp8.float(), weights
+
+
 def indexer_scores(index_layer, index_hidden: torch.Tensor, source, source_hidden: torch.Tensor,
-                   query_positions: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
+                   query_positions: torch.Tensor, allowed: torch.Tensor | None = None,
+                   stored: bool = False) -> torch.Tensor:
     """fp32 ``[Q, L // R]`` indexer scores of an index-source layer over its kv source's keys for the tokens at
-    ``query_positions``; entries a query cannot see, or outside ``allowed`` (bool ``[Q, L // R]``), are -inf."""
+    ``query_positions``; entries a query cannot see, or outside ``allowed`` (bool ``[Q, L // R]``), are -inf.
+    ``stored``: keys and queries take the exact round trip of the layer's key format (fp8 or MXFP4), leaving only
+    the bf16 projections as a difference (MXFP4 ranks near-tied entries too coarsely for a float comparison)."""
     config, weights = index_layer.config, _weights(index_layer)
     heads, dim, eps = config.index_n_heads, INDEXER_HEAD_DIM, config.rms_norm_eps
     x, queries = index_hidden.float().cpu(), query_positions.long().cpu()
+    cos_sin = index_layer.cos_sin_cache.cpu()
     qr = _rms((x[queries] @ weights["wqa_wkv"].T)[:, : config.q_lora_rank], weights["q_norm"], eps)
-    q = apply_rope((qr @ weights["indexer.wq_b"].T).view(-1, heads, dim), queries, index_layer.cos_sin_cache.cpu())
-    head_weights = (x[queries] @ weights["indexer.weights_proj"].T) * dim**-0.5 * heads**-0.5
+    q = (qr @ weights["indexer.wq_b"].T).view(-1, heads, dim)
+    head_weights = x[queries] @ weights["indexer.weights_proj"].T
     keys = index_keys(source, source_hidden)
+    if stored:
+        q, head_weights = _stored_queries(q, queries, cos_sin, head_weights, config.index_key_format)
+        keys = _stored_keys(keys, config.index_key_format)
+    else:
+        q, head_weights = apply_rope(q, queries, cos_sin), head_weights * dim**-0.5 * heads**-0.5
     scores = torch.einsum("qh,qhc->qc", head_weights, torch.relu(torch.einsum("qhd,cd->qhc", q, keys)))
     visible = torch.arange(keys.shape[0]) < ((queries + 1) // index_layer.compress_ratio)[:, None]
     if allowed is not None:
