@@ -155,6 +155,18 @@ def candidate_mask(blocks: torch.Tensor, block_size: int, count: int) -> torch.T
     return torch.isin(torch.arange(count) // block_size, blocks[blocks >= 0].long().cpu())
 
 
+def block_scores(scores: torch.Tensor, block_size: int) -> torch.Tensor:
+    """fp32 ``[blocks]``: each block's best visible score (-inf: none visible); the newest visible block gets the
+    row's best score, as the kernels always keep it."""
+    visible = scores > float("-inf")
+    blocks = -(-scores.shape[0] // block_size)
+    padded = torch.nn.functional.pad(scores, (0, blocks * block_size - scores.shape[0]), value=float("-inf"))
+    best = padded.view(blocks, block_size).amax(dim=-1)
+    if visible.any():
+        best[int(visible.nonzero().max()) // block_size] = scores[visible].max()
+    return best
+
+
 def check_last_step_v41(stack: AttentionStack, requests: list[Request], batch: ScheduledBatch,
                         outputs: list[torch.Tensor]) -> bool:
     """:func:`check_last_step` for V4.1 layers: each compressed layer against the dense reference built from its
@@ -190,6 +202,11 @@ def check_last_step_v41(stack: AttentionStack, requests: list[Request], batch: S
                 passed &= ok
                 kind = "two-level selection" if layer.uses_candidates else "selection"
                 notes.append(f"    request {r}: {kind} {note}  {'PASS' if ok else 'FAIL'}")
+                if layer.is_candidate_source and scores.shape[0] > config.index_topk:
+                    ok, note = selection_verdict(block_scores(scores, config.candidate_block_size),
+                                                 config.candidate_topk_blocks, layer.candidate_blocks[row].cpu())
+                    passed &= ok
+                    notes.append(f"    request {r}: candidate blocks {note}  {'PASS' if ok else 'FAIL'}")
         cosine, error = agreement(outputs[index], torch.cat(expected))
         ok = cosine >= MIN_COSINE and error <= MAX_RELATIVE_ERROR
         passed &= ok
