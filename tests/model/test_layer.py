@@ -165,7 +165,7 @@ def test_presets():
     assert (V4_PRO.num_hidden_layers, V4_PRO.num_attention_heads, V4_PRO.index_topk) == (61, 128, 1024)
     assert (TINY.head_dim, TINY.qk_rope_head_dim, TINY.index_head_dim, TINY.sliding_window) == (512, 64, 128, 128)
     assert get_config("v4-flash") is V4_FLASH and V4_FLASH.first_layers(4).compress_ratios == (0, 0, 4, 128)
-    with pytest.raises(ValueError, match=r"supported: \['tiny', 'v4-flash', 'v4-pro'\]"):
+    with pytest.raises(ValueError, match=r"supported: \[.tiny., .tiny-v4.1., .v4-flash., .v4-pro., .v4.1-flash.\]"):
         get_config("v4-max")
 
 
