@@ -86,6 +86,13 @@ bool parse_placement(Arg a, const std::string& placement, KvLayout layout);
 // A paged cache of one record in one placement.
 PagedCache record_cache(Arg a, const Tensor& t, int64_t block_size, KvLayout layout, bool per_token);
 
+// Indexer key / query formats by the names the ops take: "fp8" (132-byte keys) or "mxfp4" (68-byte keys). The CUDA
+// kernels read fp8 only: _C_cuda rejects mxfp4 here, before anything runs.
+IndexerFormat parse_indexer_format(Arg a, const std::string& name);
+inline int64_t indexer_entry_bytes(IndexerFormat f) {
+  return f == IndexerFormat::mxfp4 ? kIndexerFp4BytesPerEntry : kIndexerBytesPerEntry;
+}
+
 // The two checks below read the values, so they run on CPU tensors only (no-ops in _C_cuda: a device read
 // would synchronise; the CUDA kernels treat such entries as invalid instead).
 // Slots a writer stores to: every entry of a rank-1 index tensor is -1 or in [0, capacity), and no slot repeats
