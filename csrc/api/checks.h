@@ -30,6 +30,7 @@ inline const char* record_name(int64_t bytes_per_entry) {
   return bytes_per_entry == kModel1BytesPerEntry ? "MODEL1"
          : bytes_per_entry == kV32BytesPerEntry  ? "V32"
          : bytes_per_entry == kIndexerBytesPerEntry ? "indexer K"
+         : bytes_per_entry == kIndexerFp4BytesPerEntry ? "mxfp4 indexer K"
          : bytes_per_entry == kV41Fp8BytesPerEntry  ? "V4.1 fp8"
          : bytes_per_entry == kV41Fp4BytesPerEntry  ? "V4.1 fp4"
                                                      : "cache";

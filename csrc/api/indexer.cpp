@@ -131,9 +131,10 @@ Tensor fp8_paged_mqa_logits_format(Tensor q, Tensor kv_cache, Tensor weights, Te
   PagedMqaLogitsParams p;
   p.key_format = parse_indexer_format({op, "key_format"}, key_format);
   if (q_scale) parse_indexer_format({op, "q_scale"}, "mxfp4");  // the CUDA kernels read e4m3 queries only
+  check_dtype({op, "q"}, q, {q_scale ? ScalarType::Byte : ScalarType::Float8_e4m3fn});
   check_dim({op, "q"}, q, 4);
-  DSV4_CHECK(check_query_scale(op, q, q_scale) == kIndexerHeadDim, op, "argument 'q' must have head dim ",
-             kIndexerHeadDim, q_scale ? " (64 bytes of mxfp4 codes per head)" : "", ", got shape ", shape_str(q));
+  check_size({op, "q"}, q, 3, q_scale ? kIndexerFp4DataBytes : kIndexerHeadDim);  // mxfp4: two codes per byte
+  check_query_scale(op, q, q_scale);
   check_heads(op, q, 2);
   p.batch = q.size(0), p.next_n = q.size(1), p.num_heads = q.size(2), p.head_dim = kIndexerHeadDim;
   p.cache = paged_cache({op, "kv_cache"}, kv_cache, block_size, indexer_entry_bytes(p.key_format));
@@ -244,9 +245,10 @@ void fp8_paged_mqa_topk_format(Tensor q, Tensor kv_cache, Tensor weights, Tensor
   PagedMqaTopkParams p;
   p.key_format = parse_indexer_format({op, "key_format"}, key_format);
   if (q_scale) parse_indexer_format({op, "q_scale"}, "mxfp4");  // the CUDA kernels read e4m3 queries only
+  check_dtype({op, "q"}, q, {q_scale ? ScalarType::Byte : ScalarType::Float8_e4m3fn});
   check_dim({op, "q"}, q, 3);
-  DSV4_CHECK(check_query_scale(op, q, q_scale) == kIndexerHeadDim, op, "argument 'q' must have head dim ",
-             kIndexerHeadDim, q_scale ? " (64 bytes of mxfp4 codes per head)" : "", ", got shape ", shape_str(q));
+  check_size({op, "q"}, q, 2, q_scale ? kIndexerFp4DataBytes : kIndexerHeadDim);  // mxfp4: two codes per byte
+  check_query_scale(op, q, q_scale);
   check_heads(op, q, 1);
   p.rows = q.size(0), p.num_heads = q.size(1), p.head_dim = kIndexerHeadDim;
   p.cache = paged_cache({op, "kv_cache"}, kv_cache, block_size, indexer_entry_bytes(p.key_format));
