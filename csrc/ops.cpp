@@ -41,6 +41,9 @@ STABLE_TORCH_LIBRARY(dsv4, m) {
   m.def("dequantize_kv_gather.layout(Tensor kv_cache, Tensor slots, int block_size, str layout, str placement) "
         "-> Tensor");
   m.def("indexer_k_quant_insert(Tensor k, Tensor slot_mapping, Tensor(a!) kv_cache, int block_size) -> ()");
+  // The indexer key format named: fp8 (132 B entries) or mxfp4 (68 B, DeepSeek-V4.1).
+  m.def("indexer_k_quant_insert.format(Tensor k, Tensor slot_mapping, Tensor(a!) kv_cache, int block_size, "
+        "str key_format) -> ()");
   m.def("map_local_to_global_slots(Tensor local_indices, Tensor req_ids, Tensor block_table, int block_size) -> Tensor");
   m.def("inverse_rope(Tensor o, Tensor positions, Tensor cos_sin_cache, Tensor(a!) out) -> ()");
   // ---- lightning indexer ----
@@ -53,6 +56,23 @@ STABLE_TORCH_LIBRARY(dsv4, m) {
   // Fused paged logits + top-k per row, without materialising the [rows, context] logits.
   m.def("fp8_paged_mqa_topk(Tensor q, Tensor kv_cache, Tensor weights, Tensor lengths, Tensor block_table, "
         "Tensor row_requests, int block_size, Tensor(a!) topk_indices) -> ()");
+  // DeepSeek-V4.1: mxfp4 queries (uint8 e2m1 pairs with their UE8M0 bytes in q_scale; None: e4m3 q) and the cache's
+  // key format (fp8 or mxfp4); the query's format for indexer_q_rope_quant (mxfp4 writes q_scale_out).
+  m.def("indexer_q_rope_quant.format(Tensor q, Tensor positions, Tensor cos_sin_cache, Tensor weights, "
+        "float softmax_scale, float head_scale, Tensor(a!) q_fp8, Tensor(b!) weights_out, str query_format, "
+        "Tensor(c!)? q_scale_out) -> ()");
+  m.def("fp8_paged_mqa_logits.format(Tensor q, Tensor kv_cache, Tensor weights, Tensor context_lens, "
+        "Tensor block_table, int block_size, int max_context_len, bool clean_logits, Tensor? schedule_meta, "
+        "Tensor? q_scale, str key_format) -> Tensor");
+  m.def("fp8_mqa_logits.format(Tensor q, Tensor k, Tensor k_scale, Tensor weights, Tensor ks, Tensor ke, "
+        "bool clean_logits, Tensor? q_scale, str key_format) -> Tensor");
+  m.def("fp8_paged_mqa_topk.format(Tensor q, Tensor kv_cache, Tensor weights, Tensor lengths, Tensor block_table, "
+        "Tensor row_requests, int block_size, Tensor(a!) topk_indices, Tensor? q_scale, str key_format) -> ()");
+  // DeepSeek-V4.1's index key: RMSNorm (weighted) + RoPE at the group's first position + quantize, for the tokens
+  // that close a compression group, into an indexer K cache of key_format entries.
+  m.def("indexer_k_norm_rope_store(Tensor k_pre, Tensor positions, Tensor cos_sin_cache, Tensor norm_weight, "
+        "float eps, Tensor(a!) kv_cache, Tensor slot_mapping, int block_size, int compress_ratio, str key_format) "
+        "-> ()");
   // ---- sparse MLA attention ----
   m.def("sparse_mla_decode(Tensor q, Tensor kv_cache, Tensor indices, Tensor? topk_length, Tensor? attn_sink, "
         "Tensor? extra_kv_cache, Tensor? extra_indices, Tensor? extra_topk_length, int block_size, "

@@ -256,6 +256,16 @@ bool parse_placement(Arg a, const std::string& placement, KvLayout layout) {
   return v41 && placement == "per_token";
 }
 
+IndexerFormat parse_indexer_format(Arg a, const std::string& name) {
+  DSV4_CHECK(name == "fp8" || name == "mxfp4", a.op, "argument '", a.name, "' must be 'fp8' (e4m3 + an fp32 scale, ",
+             "132-byte keys) or 'mxfp4' (e2m1 + a UE8M0 byte per 32 dims, 68-byte keys), got '", name, "'");
+#if defined(DSV4_BACKEND_CUDA)
+  DSV4_CHECK(name == "fp8", a.op, "argument '", a.name, "' is 'mxfp4', which the CUDA kernels do not read yet (the ",
+             "CPU kernels do); expected 'fp8'");
+#endif
+  return name == "mxfp4" ? IndexerFormat::mxfp4 : IndexerFormat::fp8;
+}
+
 PagedCache record_cache(Arg a, const Tensor& t, int64_t block_size, KvLayout layout, bool per_token) {
   PagedCache c = paged_cache(a, t, block_size, bytes_per_entry(layout));
   c.per_token = per_token;

@@ -30,6 +30,7 @@ inline const char* record_name(int64_t bytes_per_entry) {
   return bytes_per_entry == kModel1BytesPerEntry ? "MODEL1"
          : bytes_per_entry == kV32BytesPerEntry  ? "V32"
          : bytes_per_entry == kIndexerBytesPerEntry ? "indexer K"
+         : bytes_per_entry == kIndexerFp4BytesPerEntry ? "mxfp4 indexer K"
          : bytes_per_entry == kV41Fp8BytesPerEntry  ? "V4.1 fp8"
          : bytes_per_entry == kV41Fp4BytesPerEntry  ? "V4.1 fp4"
                                                      : "cache";
@@ -85,6 +86,13 @@ const char* layout_name(KvLayout layout);
 bool parse_placement(Arg a, const std::string& placement, KvLayout layout);
 // A paged cache of one record in one placement.
 PagedCache record_cache(Arg a, const Tensor& t, int64_t block_size, KvLayout layout, bool per_token);
+
+// Indexer key / query formats by the names the ops take: "fp8" (132-byte keys) or "mxfp4" (68-byte keys). The CUDA
+// kernels read fp8 only: _C_cuda rejects mxfp4 here, before anything runs.
+IndexerFormat parse_indexer_format(Arg a, const std::string& name);
+inline int64_t indexer_entry_bytes(IndexerFormat f) {
+  return f == IndexerFormat::mxfp4 ? kIndexerFp4BytesPerEntry : kIndexerBytesPerEntry;
+}
 
 // The two checks below read the values, so they run on CPU tensors only (no-ops in _C_cuda: a device read
 // would synchronise; the CUDA kernels treat such entries as invalid instead).

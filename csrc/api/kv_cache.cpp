@@ -139,24 +139,30 @@ void qnorm_rope_kv_insert(Tensor q, Tensor kv, Tensor positions, Tensor cos_sin_
                               "model1", "page_split");
 }
 
-void indexer_k_quant_insert(Tensor k, Tensor slot_mapping, Tensor kv_cache, int64_t block_size) {
+void indexer_k_quant_insert_format(Tensor k, Tensor slot_mapping, Tensor kv_cache, int64_t block_size,
+                                   std::string key_format) {
   const char* op = "indexer_k_quant_insert";
   const DeviceScope scope(k);
   check_same_device(op, k, {{"slot_mapping", &slot_mapping}, {"kv_cache", &kv_cache}});
   IndexerKQuantInsertParams p;
+  p.key_format = parse_indexer_format({op, "key_format"}, key_format);
   p.dtype = float_dtype({op, "k"}, k);
   check_dim({op, "k"}, k, 2);
   check_size({op, "k"}, k, 1, kIndexerHeadDim);
   check_last_dim_contiguous({op, "k"}, k);
   p.slots = index_view({op, "slot_mapping"}, slot_mapping, 1);
   check_size({op, "slot_mapping"}, slot_mapping, 0, k.size(0));
-  p.cache = paged_cache({op, "kv_cache"}, kv_cache, block_size, kIndexerBytesPerEntry);
+  p.cache = paged_cache({op, "kv_cache"}, kv_cache, block_size, indexer_entry_bytes(p.key_format));
   check_no_overlap(op, "kv_cache", kv_cache, {{"k", &k}, {"slot_mapping", &slot_mapping}});
   p.k = k.const_data_ptr();
   p.num_tokens = k.size(0);
   p.k_stride = k.stride(0);
   check_write_slots({op, "slot_mapping"}, p.slots, p.num_tokens, p.cache.num_blocks * block_size);
   backend_kernels().indexer_k_quant_insert(p);
+}
+
+void indexer_k_quant_insert(Tensor k, Tensor slot_mapping, Tensor kv_cache, int64_t block_size) {
+  indexer_k_quant_insert_format(k, slot_mapping, kv_cache, block_size, "fp8");
 }
 
 }  // namespace
@@ -169,6 +175,7 @@ DSV4_BACKEND_IMPL(m) {
   m.impl("qnorm_rope_kv_insert", TORCH_BOX(&qnorm_rope_kv_insert));
   m.impl("qnorm_rope_kv_insert.layout", TORCH_BOX(&qnorm_rope_kv_insert_layout));
   m.impl("indexer_k_quant_insert", TORCH_BOX(&indexer_k_quant_insert));
+  m.impl("indexer_k_quant_insert.format", TORCH_BOX(&indexer_k_quant_insert_format));
 }
 
 }  // namespace dsv4::api

@@ -33,11 +33,16 @@ constexpr int kV41Fp4BytesPerEntry = kV41Fp4DataBytes + kV41Fp4ScaleBytes;
 // Indexer K: 128 e4m3 per entry (the data rows of a page), then one fp32 scale per entry (the scale rows).
 constexpr int kIndexerHeadDim = 128, kIndexerRopeDim = 64, kIndexerNopeDim = kIndexerHeadDim - kIndexerRopeDim;
 constexpr int kIndexerScaleBytes = 4, kIndexerBytesPerEntry = kIndexerHeadDim + kIndexerScaleBytes;
+// Indexer K, MXFP4 (DeepSeek-V4.1): 64 bytes of e2m1 codes per entry (dim 2i in the low nibble of byte i), then
+// 4 UE8M0 scale bytes per entry, scale j for dims 32j .. 32j + 31 (queries use the same rule per head).
+constexpr int kMxfp4Block = 32;
+constexpr int kIndexerFp4DataBytes = kIndexerHeadDim / 2, kIndexerFp4ScaleBytes = kIndexerHeadDim / kMxfp4Block;
+constexpr int kIndexerFp4BytesPerEntry = kIndexerFp4DataBytes + kIndexerFp4ScaleBytes;
 
 // Page alignments engines pad cache pages to (vLLM: 576 with fp8_ds_mla caches, 512 otherwise).
 constexpr int kPageAlignments[2] = {512, 576};
 
-static_assert(kModel1BytesPerEntry == 584 && kV32BytesPerEntry == 656 && kIndexerBytesPerEntry == 132 &&
+static_assert(kModel1BytesPerEntry == 584 && kV32BytesPerEntry == 656 && kIndexerBytesPerEntry == 132 && kIndexerFp4BytesPerEntry == 68 &&
                   kV41Fp8BytesPerEntry == 528 && kV41Fp4BytesPerEntry == 288,
               "record sizes engines allocate for");
 

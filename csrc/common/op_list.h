@@ -19,6 +19,7 @@
   X(fp8_mqa_logits, MqaLogitsParams, 0)                                                               \
   X(topk_transform, TopkTransformParams, 0)                                                           \
   X(fp8_paged_mqa_topk, PagedMqaTopkParams, 1)                                                        \
+  X(indexer_k_norm_rope_store, IndexerKNormRopeStoreParams, 0)                                        \
   X(sparse_mla_decode, SparseMlaDecodeParams, 1)                                                      \
   X(sparse_mla_decode_schedule, SparseMlaDecodeParams, 0) /* fills p.sched: the plan only */          \
   X(sparse_mla_prefill, SparseMlaPrefillParams, 1)

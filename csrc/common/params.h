@@ -64,6 +64,10 @@ struct QNormRopeKvInsertParams {
   float eps = 1e-6f;
 };
 
+// Formats of indexer keys and queries: fp8 (e4m3; a key's one fp32 scale in its page, a query's folded into the
+// weights) or mxfp4 (e2m1 pairs with one UE8M0 byte per 32 dims; keys 68 B per entry, queries' bytes beside them).
+enum class IndexerFormat : int32_t { fp8, mxfp4 };
+
 struct IndexerQRopeQuantParams {
   const void* q = nullptr;  // [num_tokens, num_heads, 128]
   DType dtype = DType::f32;
@@ -73,8 +77,10 @@ struct IndexerQRopeQuantParams {
   const float* weights = nullptr;  // [num_tokens, num_heads], row stride w_stride_t
   int64_t w_stride_t = 0;
   float softmax_scale = 1.0f, head_scale = 1.0f;  // folded into weights_out with the q scale
-  uint8_t* q_fp8 = nullptr;  // contiguous [num_tokens, num_heads, 128]
+  uint8_t* q_fp8 = nullptr;  // contiguous [num_tokens, num_heads, 128] (mxfp4: [.., 64] e2m1 pairs)
   float* weights_out = nullptr;  // contiguous [num_tokens, num_heads]
+  IndexerFormat query_format = IndexerFormat::fp8;
+  uint8_t* q_scale_out = nullptr;  // mxfp4: contiguous [num_tokens, num_heads, 4] UE8M0 bytes
 };
 
 struct SavePartialStatesParams {
@@ -127,6 +133,7 @@ struct IndexerKQuantInsertParams {
   int64_t num_tokens = 0, k_stride = 0;
   IndexView slots;
   PagedCache cache;  // indexer K layout
+  IndexerFormat key_format = IndexerFormat::fp8;
 };
 
 struct MapLocalToGlobalSlotsParams {
@@ -157,6 +164,19 @@ namespace dsv4 {
 
 // ---- lightning indexer ----
 
+// DeepSeek-V4.1's index key writer: RMSNorm (weighted), RoPE at the group's first position, quantize.
+struct IndexerKNormRopeStoreParams {
+  const uint16_t* k_pre = nullptr;  // bf16 [num_tokens, 128], row stride k_stride
+  int64_t num_tokens = 0, k_stride = 0;
+  IndexView positions, slots;  // [num_tokens]
+  RopeTable rope;
+  const float* norm_weight = nullptr;  // [128]
+  double eps = 1e-6;  // the schema's double: the reference adds it in float64
+  PagedCache cache;  // indexer K pages of key_format entries
+  int64_t ratio = 1;
+  IndexerFormat key_format = IndexerFormat::fp8;
+};
+
 struct PagedMqaLogitsParams {
   const uint8_t* q = nullptr;  // e4m3, contiguous [batch * next_n, num_heads, head_dim]
   int64_t batch = 0, next_n = 1, num_heads = 0, head_dim = 0;
@@ -171,6 +191,10 @@ struct PagedMqaLogitsParams {
   bool clean_logits = true;
   float* out = nullptr;  // [batch * next_n, max_context_len], row stride out_stride
   int64_t out_stride = 0;
+  IndexerFormat key_format = IndexerFormat::fp8;  // of the cache's entries
+  // mxfp4 queries: q holds head_dim / 2 code bytes per head, q_scale contiguous [batch * next_n, num_heads,
+  // head_dim / 32] UE8M0 bytes; nullptr for e4m3 queries.
+  const uint8_t* q_scale = nullptr;
 };
 
 struct MqaLogitsParams {
@@ -185,6 +209,15 @@ struct MqaLogitsParams {
   bool clean_logits = true;
   float* out = nullptr;  // [rows, num_keys], row stride out_stride
   int64_t out_stride = 0;
+  // mxfp4 keys: k holds head_dim / 2 code bytes per key and k_scale_ue8m0 [num_keys, head_dim / 32] UE8M0 bytes
+  // (row stride k_scale_stride); k_scale is then unused.
+  IndexerFormat key_format = IndexerFormat::fp8;
+  const uint8_t* k_scale_ue8m0 = nullptr;
+  int64_t k_scale_stride = 0;
+  // mxfp4 queries: q holds head_dim / 2 code bytes per head, q_scale [rows, num_heads, head_dim / 32] UE8M0 bytes
+  // (strides q_scale_stride_m / q_scale_stride_h, last dim contiguous); nullptr for e4m3 queries.
+  const uint8_t* q_scale = nullptr;
+  int64_t q_scale_stride_m = 0, q_scale_stride_h = 0;
 };
 
 struct TopkTransformParams {
@@ -218,6 +251,8 @@ struct PagedMqaTopkParams {
   // c, c + workspace_rows, ... into row c (memory bounded by the CTAs, not by the rows).
   float* workspace = nullptr;
   int64_t workspace_rows = 0;
+  IndexerFormat key_format = IndexerFormat::fp8;  // of the cache's entries
+  const uint8_t* q_scale = nullptr;  // mxfp4 queries: contiguous [rows, num_heads, head_dim / 32]; else nullptr
 };
 
 // ---- sparse MLA attention ----

@@ -112,24 +112,71 @@ def indexer_q_rope_quant(
     *,
     q_fp8: torch.Tensor | None = None,
     weights_out: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indexer q: RoPE on dims [64, 128) (rounded to bf16), per-(token, head) power-of-two fp8 quant.
+    query_format: str = "fp8",
+    q_scale_out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Indexer q: RoPE on dims [64, 128) (rounded to bf16), then quantized in ``query_format``.
 
-    q: bf16/fp16/fp32 ``[T, H, 128]``; weights fp32 ``[T, H]``. Returns ``(q_fp8 [T, H, 128]
-    float8_e4m3fn, weights_out [T, H] fp32)`` with ``weights_out = weights * q_scale *
-    softmax_scale * head_scale``; head_scale defaults to ``H ** -0.5``.
+    q: bf16/fp16/fp32 ``[T, H, 128]``; weights fp32 ``[T, H]``; head_scale defaults to ``H ** -0.5``.
+    ``fp8`` (per-(token, head) power-of-two e4m3): returns ``(q_fp8 [T, H, 128] float8_e4m3fn, weights_out [T, H]
+    fp32)`` with ``weights_out = weights * q_scale * softmax_scale * head_scale``.
+    ``mxfp4`` (DeepSeek-V4.1; e2m1 with a UE8M0 byte per 32 dims, :func:`dsv4.reference.quant.mxfp4_pack`): returns
+    the 3-tuple ``(q codes uint8 [T, H, 64], q scale bytes uint8 [T, H, 4], weights_out)`` with ``weights_out =
+    weights * softmax_scale * head_scale`` (the scales travel with q, as the logits ops' ``q_scale``). Only this
+    format returns three values, so fp8 callers keep their 2-tuple; ``q_fp8`` / ``q_scale_out`` take preallocated
+    contiguous outputs.
     """
     if head_scale is None:
         head_scale = q.shape[1] ** -0.5
-    if q_fp8 is None:
-        q_fp8 = torch.empty(q.shape, dtype=torch.float8_e4m3fn, device=q.device)
     if weights_out is None:
         weights_out = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-    _ops.indexer_q_rope_quant(q, positions, cos_sin_cache, weights, softmax_scale, head_scale, q_fp8, weights_out)
-    return q_fp8, weights_out
+    if query_format == "fp8" and q_scale_out is None:
+        if q_fp8 is None:
+            q_fp8 = torch.empty(q.shape, dtype=torch.float8_e4m3fn, device=q.device)
+        _ops.indexer_q_rope_quant(q, positions, cos_sin_cache, weights, softmax_scale, head_scale, q_fp8, weights_out)
+        return q_fp8, weights_out
+    mxfp4 = query_format == "mxfp4"
+    if q_fp8 is None:
+        q_fp8 = torch.empty((*q.shape[:2], MXFP4_Q_BYTES if mxfp4 else q.shape[2]),
+                            dtype=torch.uint8 if mxfp4 else torch.float8_e4m3fn, device=q.device)
+    if q_scale_out is None and mxfp4:
+        q_scale_out = torch.empty((*q.shape[:2], MXFP4_Q_SCALE_BYTES), dtype=torch.uint8, device=q.device)
+    _ops.indexer_q_rope_quant.format(q, positions, cos_sin_cache, weights, softmax_scale, head_scale, q_fp8,
+                                     weights_out, query_format, q_scale_out)
+    return (q_fp8, q_scale_out, weights_out) if mxfp4 else (q_fp8, weights_out)
 
+
+MXFP4_Q_BYTES = INDEXER_HEAD_DIM // 2  # e2m1 codes of one indexer head, two per byte
+MXFP4_Q_SCALE_BYTES = INDEXER_HEAD_DIM // 32  # its UE8M0 bytes, one per 32 dims
 
 _fake_writes_only("indexer_q_rope_quant")
+_fake_writes_only("indexer_q_rope_quant.format")
+
+
+def indexer_k_norm_rope_store(
+    k_pre: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_size: int,
+    compress_ratio: int,
+    key_format: str = "fp8",
+) -> None:
+    """DeepSeek-V4.1's index key into the indexer K cache (``key_format`` ``fp8``: 132 B entries, ``mxfp4``: 68 B).
+
+    k_pre bf16 ``[T, 128]`` (last dim contiguous, any row stride); positions, slot_mapping ``[T]`` (-1 skips);
+    norm_weight fp32 ``[128]``. Token t writes only where ``(positions[t] + 1) % compress_ratio == 0``: RMSNorm
+    times norm_weight (fp32, rounded to bf16), RoPE of dims [64, 128) at ``(p // R) * R`` (rounded to bf16), then
+    the key quantized at ``slot_mapping[t]``. Contract: :func:`dsv4.reference.indexer.indexer_k_norm_rope_store`.
+    """
+    _ops.indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, norm_weight, eps, kv_cache, slot_mapping,
+                                   block_size, compress_ratio, key_format)
+
+
+_fake_writes_only("indexer_k_norm_rope_store")
 
 
 def save_partial_states(
@@ -252,13 +299,18 @@ def _dequantize_kv_gather_layout_fake(kv_cache, slots, block_size, layout, place
 
 
 def indexer_k_quant_insert(
-    k: torch.Tensor, slot_mapping: torch.Tensor, kv_cache: torch.Tensor, block_size: int
+    k: torch.Tensor, slot_mapping: torch.Tensor, kv_cache: torch.Tensor, block_size: int, key_format: str = "fp8"
 ) -> None:
-    """Indexer K ``[T, 128]`` -> bf16-rounded, power-of-two fp8 + fp32 scale into the 132 B/entry cache."""
-    _ops.indexer_k_quant_insert(k, slot_mapping, kv_cache, block_size)
+    """Indexer K ``[T, 128]`` -> bf16-rounded, then ``fp8`` (power-of-two e4m3 + fp32 scale, 132 B/entry cache) or
+    ``mxfp4`` (e2m1 + a UE8M0 byte per 32 dims, 68 B/entry cache)."""
+    if key_format == "fp8":
+        _ops.indexer_k_quant_insert(k, slot_mapping, kv_cache, block_size)
+    else:
+        _ops.indexer_k_quant_insert.format(k, slot_mapping, kv_cache, block_size, key_format)
 
 
 _fake_writes_only("indexer_k_quant_insert")
+_fake_writes_only("indexer_k_quant_insert.format")
 
 
 def map_local_to_global_slots(
@@ -313,8 +365,14 @@ def fp8_paged_mqa_logits(
     max_context_len: int,
     clean_logits: bool = True,
     schedule_meta: torch.Tensor | None = None,
+    *,
+    q_scale: torch.Tensor | None = None,
+    key_format: str = "fp8",
 ) -> torch.Tensor:
     """DeepGEMM paged MQA logits over the indexer K cache.
+
+    ``key_format``: the cache's entries (``fp8`` 132 B, ``mxfp4`` 68 B). ``q_scale``: mxfp4 queries (q uint8 e2m1
+    pairs ``[B, next_n, H, 64]``, q_scale uint8 UE8M0 ``[B, next_n, H, 4]``; weights then carry no q scale).
 
     q: float8_e4m3fn ``[B, next_n, H, 128]``; weights fp32 ``[B*next_n, H]``; context_lens
     ``[B]`` or ``[B, next_n]`` (with ``[B]``, row j of a request sees ``ctx - next_n + j + 1``
@@ -322,13 +380,22 @@ def fp8_paged_mqa_logits(
     ``logit[r, t] = kscale_t * sum_h w[r,h] * relu(<q[r,h], k_t>)`` on the valid range and -inf
     elsewhere when ``clean_logits`` (undefined elsewhere otherwise).
     """
-    return _ops.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, block_size, max_context_len,
-                                     clean_logits, schedule_meta)
+    if q_scale is None and key_format == "fp8":
+        return _ops.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, block_size,
+                                         max_context_len, clean_logits, schedule_meta)
+    return _ops.fp8_paged_mqa_logits.format(q, kv_cache, weights, context_lens, block_table, block_size,
+                                            max_context_len, clean_logits, schedule_meta, q_scale, key_format)
 
 
 @_fake("fp8_paged_mqa_logits")
 def _fp8_paged_mqa_logits_fake(q, kv_cache, weights, context_lens, block_table, block_size, max_context_len,
                                clean_logits, schedule_meta=None):
+    return q.new_empty((q.shape[0] * q.shape[1], max_context_len), dtype=torch.float32)
+
+
+@_fake("fp8_paged_mqa_logits.format")
+def _fp8_paged_mqa_logits_format_fake(q, kv_cache, weights, context_lens, block_table, block_size, max_context_len,
+                                      clean_logits, schedule_meta, q_scale, key_format):
     return q.new_empty((q.shape[0] * q.shape[1], max_context_len), dtype=torch.float32)
 
 
@@ -340,14 +407,27 @@ def fp8_mqa_logits(
     ks: torch.Tensor,
     ke: torch.Tensor,
     clean_logits: bool = True,
+    *,
+    q_scale: torch.Tensor | None = None,
+    key_format: str = "fp8",
 ) -> torch.Tensor:
     """DeepGEMM ragged MQA logits: q e4m3 ``[M, H, D]``, k e4m3 ``[N, D]``, k_scale fp32 ``[N]``,
-    weights fp32 ``[M, H]``, ``[ks, ke)`` int32 ``[M]`` per row. Returns fp32 ``[M, N]``."""
-    return _ops.fp8_mqa_logits(q, k, k_scale, weights, ks, ke, clean_logits)
+    weights fp32 ``[M, H]``, ``[ks, ke)`` int32 ``[M]`` per row. Returns fp32 ``[M, N]``.
+
+    ``key_format="mxfp4"``: k uint8 e2m1 pairs ``[N, D/2]``, k_scale uint8 UE8M0 ``[N, D/32]``. ``q_scale``: mxfp4
+    queries (q uint8 ``[M, H, D/2]``, q_scale uint8 ``[M, H, D/32]``, last dims contiguous)."""
+    if q_scale is None and key_format == "fp8":
+        return _ops.fp8_mqa_logits(q, k, k_scale, weights, ks, ke, clean_logits)
+    return _ops.fp8_mqa_logits.format(q, k, k_scale, weights, ks, ke, clean_logits, q_scale, key_format)
 
 
 @_fake("fp8_mqa_logits")
 def _fp8_mqa_logits_fake(q, k, k_scale, weights, ks, ke, clean_logits):
+    return q.new_empty((q.shape[0], k.shape[0]), dtype=torch.float32)
+
+
+@_fake("fp8_mqa_logits.format")
+def _fp8_mqa_logits_format_fake(q, k, k_scale, weights, ks, ke, clean_logits, q_scale, key_format):
     return q.new_empty((q.shape[0], k.shape[0]), dtype=torch.float32)
 
 
@@ -391,8 +471,12 @@ def fp8_paged_mqa_topk(
     k: int = 512,
     *,
     out: torch.Tensor | None = None,
+    q_scale: torch.Tensor | None = None,
+    key_format: str = "fp8",
 ) -> torch.Tensor:
     """Fused indexer for prefill: per-row top-k of the paged MQA logits, never materialising them.
+
+    ``key_format`` / ``q_scale``: as :func:`fp8_paged_mqa_logits` (mxfp4 q ``[T, H, 64]``, q_scale ``[T, H, 4]``).
 
     q float8_e4m3fn ``[T, H, 128]``; weights fp32 ``[T, H]``; row t scores entries ``[0, lengths[t])``
     of the indexer K cache through ``block_table[row_requests[t]]``. Returns int32 ``[T, k]``, exactly
@@ -402,11 +486,16 @@ def fp8_paged_mqa_topk(
     """
     if out is None:
         out = torch.empty(q.shape[0], k, dtype=torch.int32, device=q.device)
-    _ops.fp8_paged_mqa_topk(q, kv_cache, weights, lengths, block_table, row_requests, block_size, out)
+    if q_scale is None and key_format == "fp8":
+        _ops.fp8_paged_mqa_topk(q, kv_cache, weights, lengths, block_table, row_requests, block_size, out)
+    else:
+        _ops.fp8_paged_mqa_topk.format(q, kv_cache, weights, lengths, block_table, row_requests, block_size, out,
+                                       q_scale, key_format)
     return out
 
 
 _fake_writes_only("fp8_paged_mqa_topk")
+_fake_writes_only("fp8_paged_mqa_topk.format")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 #pragma once
 #include "cpu/kernels/numerics.h"
 #include "cpu/kernels/records.h"
+#include "cpu/kernels/indexer/mxfp4.h"
 
 namespace dsv4::cpu::DSV4_ISA {
 
@@ -83,7 +84,7 @@ inline void indexer_k_quant_insert(const IndexerKQuantInsertParams& p) {
       if (!page) continue;
       load_row_f32(static_cast<const char*>(p.k) + t * p.k_stride * esize, p.dtype, kIndexerHeadDim, row);
       for (int64_t d = 0; d < kIndexerHeadDim; ++d) row[d] = round_bf16(row[d]);
-      indexer_k_store(page, p.cache.block_size, off, row);
+      indexer_key_store(p.key_format, page, p.cache.block_size, off, row);
     }
   });
 }

@@ -4,12 +4,16 @@
 // sees them; each query row is converted once per thread to bf16 pairs laid out [pair][head] (the VNNI
 // "B" operand). Head dot products run on AMX tiles (amx tier), vdpbf16ps (avx512 tier) or fp32 (others).
 // fp8 values are exact in bf16 and every product is exact in fp32; only the fp32 summation order differs
-// from the reference.
+// from the reference. MXFP4 keys (68 B entries) are decoded whole into the same bf16 rows with key scale 1, and
+// mxfp4 queries into the same query layout (their weights carry no q scale); e2m1 times a power of two is exact in
+// bf16 too. The bf16 dot products (avx512dot, amx) treat values below 2^-126 as zero (only blocks whose scale byte
+// is 0 or 1 hold such values, far below any logit the tolerance sees); the fp32 tiers keep them.
 #pragma once
 #include <memory>
 
 #include "cpu/kernels/numerics.h"
 #include "cpu/kernels/amx_tiles.h"
+#include "cpu/kernels/indexer/mxfp4.h"
 
 namespace dsv4::cpu::DSV4_ISA {
 
@@ -57,20 +61,30 @@ struct LogitsQuery {
 #endif
 };
 
+// q_scale: nullptr for e4m3 q; for mxfp4 q (dim / 2 code bytes per head) its UE8M0 bytes, head h's at
+// q_scale + h * q_scale_stride_h.
 inline void prepare_query(LogitsQuery& s, const uint8_t* q, int64_t q_stride_h, int64_t heads, int64_t dim,
-                          const float* weights) {
+                          const float* weights, const uint8_t* q_scale = nullptr, int64_t q_scale_stride_h = 0) {
   s.heads = heads, s.dim = dim;
   s.heads_padded = (heads + 15) / 16 * 16;
   for (int64_t h = 0; h < s.heads_padded; ++h) s.w[h] = h < heads ? weights[h] : 0.0f;
 #if defined(__AVX512BF16__)
   alignas(64) uint32_t row[kLogitsMaxDim / 2];
   for (int64_t h = 0; h < s.heads_padded; ++h) {
-    if (h < heads) decode_e4m3_row_bf16(q + h * q_stride_h, dim, reinterpret_cast<uint16_t*>(row));
+    if (h < heads && q_scale)
+      decode_mxfp4_row_bf16(q + h * q_stride_h, q_scale + h * q_scale_stride_h, dim, reinterpret_cast<uint16_t*>(row));
+    else if (h < heads)
+      decode_e4m3_row_bf16(q + h * q_stride_h, dim, reinterpret_cast<uint16_t*>(row));
     for (int64_t pair = 0; pair < dim / 2; ++pair) s.q_pairs[pair][h] = h < heads ? row[pair] : 0;
   }
 #else
-  for (int64_t h = 0; h < heads; ++h)
+  for (int64_t h = 0; h < heads; ++h) {
+    if (q_scale) {
+      decode_mxfp4_row_f32(q + h * q_stride_h, q_scale + h * q_scale_stride_h, dim, s.q_f32[h]);
+      continue;
+    }
     for (int64_t d = 0; d < dim; ++d) s.q_f32[h][d] = e4m3_to_f32(q[h * q_stride_h + d]);
+  }
 #endif
 }
 
@@ -207,9 +221,10 @@ struct TileScope {
 
 // Decodes the keys of positions [t0, t1) of request `request` that have a page in the cache; returns how
 // many, with their scales and positions (ascending). Missing pages are skipped: their logits stay -inf.
+// mxfp4 pages hold dim / 2 code bytes per entry, then dim / 32 scale bytes per entry; their keys get scale 1.
 inline int64_t gather_paged_keys(const PagedCache& cache, const IndexView& table, int64_t request, int64_t max_blocks,
                                  int64_t dim, int64_t t0, int64_t t1, KeyBuffer& keys, float* scales,
-                                 int64_t* positions) {
+                                 int64_t* positions, IndexerFormat format = IndexerFormat::fp8) {
   int64_t count = 0;
   // Page by page: one table read and no division per key.
   for (int64_t page_index = t0 / cache.block_size, start = t0; start < t1; ++page_index) {
@@ -220,8 +235,15 @@ inline int64_t gather_paged_keys(const PagedCache& cache, const IndexView& table
       const uint8_t* page = cache.base + block * cache.block_stride;
       for (int64_t t = start; t < end; ++t) {
         const int64_t off = t - page_start;
-        decode_e4m3_row_bf16(page + off * dim, dim, keys.rows + count * dim);
-        std::memcpy(&scales[count], page + cache.block_size * dim + 4 * off, 4);
+        if (format == IndexerFormat::mxfp4) {
+          const int64_t data = dim / 2, scale_bytes = dim / kMxfp4Block;
+          decode_mxfp4_row_bf16(page + off * data, page + cache.block_size * data + off * scale_bytes, dim,
+                                keys.rows + count * dim);
+          scales[count] = 1.0f;
+        } else {
+          decode_e4m3_row_bf16(page + off * dim, dim, keys.rows + count * dim);
+          std::memcpy(&scales[count], page + cache.block_size * dim + 4 * off, 4);
+        }
         positions[count++] = t;
       }
     }
@@ -241,6 +263,7 @@ inline int64_t paged_row_length(const PagedMqaLogitsParams& p, int64_t b, int64_
 }
 
 inline void fp8_paged_mqa_logits(const PagedMqaLogitsParams& p) {
+  const int64_t q_bytes = p.q_scale ? p.head_dim / 2 : p.head_dim, q_scale_bytes = p.head_dim / kMxfp4Block;
   // Tasks: (request, run of kLogitsTaskKeys positions); all next_n rows of a request share the keys.
   const int64_t runs_needed = (p.max_context_len + kLogitsTaskKeys - 1) / kLogitsTaskKeys;
   const int64_t runs = runs_needed > 0 ? runs_needed : 1;
@@ -268,7 +291,7 @@ inline void fp8_paged_mqa_logits(const PagedMqaLogitsParams& p) {
       }
       // The present keys of [t0, min(t1, longest)), decoded once for all rows of the request.
       const int64_t count = gather_paged_keys(p.cache, p.block_table, b, p.max_blocks, p.head_dim, t0,
-                                              t1 < longest ? t1 : longest, keys, scales, positions);
+                                              t1 < longest ? t1 : longest, keys, scales, positions, p.key_format);
       for (int64_t j = 0; j < p.next_n; ++j) {
         const int64_t row = b * p.next_n + j;
         float* out = p.out + row * p.out_stride;
@@ -279,8 +302,9 @@ inline void fp8_paged_mqa_logits(const PagedMqaLogitsParams& p) {
         while (n < count && positions[n] < len) ++n;
         if (n == 0) continue;
         if (!prepared[j]) {
-          prepare_query(queries[j], p.q + row * p.num_heads * p.head_dim, p.head_dim, p.num_heads, p.head_dim,
-                        p.weights + row * p.w_stride);
+          prepare_query(queries[j], p.q + row * p.num_heads * q_bytes, q_bytes, p.num_heads, p.head_dim,
+                        p.weights + row * p.w_stride, p.q_scale ? p.q_scale + row * p.num_heads * q_scale_bytes : nullptr,
+                        q_scale_bytes);
           prepared[j] = true;
         }
         score_keys(queries[j], KeyRun{keys.rows, scales, n}, scored);
@@ -316,6 +340,8 @@ inline void fp8_mqa_logits(const MqaLogitsParams& p) {
     const int64_t goal = part >= kLogitsParts ? prefix[tasks] + 1 : prefix[tasks] * part / kLogitsParts;
     return int64_t(std::lower_bound(prefix.get(), prefix.get() + tasks, goal) - prefix.get());
   };
+  float unit_scales[kLogitsTaskKeys];  // mxfp4 keys: scale 1 (their blocks' scales are in the decoded rows)
+  for (float& scale : unit_scales) scale = 1.0f;
   parallel(kLogitsParts, 1, [&](int64_t part_begin, int64_t part_end) {
     const int64_t begin = task_at(part_begin), end = task_at(part_end);
     LogitsQuery* queries = new LogitsQuery[kLogitsRowBlock];
@@ -338,8 +364,13 @@ inline void fp8_mqa_logits(const MqaLogitsParams& p) {
         const int64_t ke = index_at(p.ke, row) < c1 ? index_at(p.ke, row) : c1;
         if (ks < ke) lo = ks < lo ? ks : lo, hi = ke > hi ? ke : hi;
       }
-      for (int64_t c = lo; c < hi; ++c)
-        decode_e4m3_row_bf16(p.k + c * p.k_stride, p.head_dim, keys.rows + (c - c0) * p.head_dim);
+      for (int64_t c = lo; c < hi; ++c) {
+        if (p.key_format == IndexerFormat::mxfp4)
+          decode_mxfp4_row_bf16(p.k + c * p.k_stride, p.k_scale_ue8m0 + c * p.k_scale_stride, p.head_dim,
+                                keys.rows + (c - c0) * p.head_dim);
+        else
+          decode_e4m3_row_bf16(p.k + c * p.k_stride, p.head_dim, keys.rows + (c - c0) * p.head_dim);
+      }
       for (int64_t row = r0; row < r1; ++row) {
         float* out = p.out + row * p.out_stride;
         const int64_t ks = index_at(p.ks, row) > c0 ? index_at(p.ks, row) : c0;
@@ -352,10 +383,12 @@ inline void fp8_mqa_logits(const MqaLogitsParams& p) {
         LogitsQuery& query = queries[row - r0];
         if (!prepared[row - r0]) {
           prepare_query(query, p.q + row * p.q_stride_m, p.q_stride_h, p.num_heads, p.head_dim,
-                        p.weights + row * p.w_stride);
+                        p.weights + row * p.w_stride, p.q_scale ? p.q_scale + row * p.q_scale_stride_m : nullptr,
+                        p.q_scale_stride_h);
           prepared[row - r0] = true;
         }
-        score_keys(query, KeyRun{keys.rows + (ks - c0) * p.head_dim, p.k_scale + ks, ke - ks}, out + ks);
+        const float* key_scales = p.key_format == IndexerFormat::mxfp4 ? unit_scales : p.k_scale + ks;
+        score_keys(query, KeyRun{keys.rows + (ks - c0) * p.head_dim, key_scales, ke - ks}, out + ks);
       }
     }
     delete[] queries;

@@ -10,6 +10,7 @@
 namespace dsv4::cpu::DSV4_ISA {
 
 inline void fp8_paged_mqa_topk(const PagedMqaTopkParams& p) {
+  const int64_t q_bytes = p.q_scale ? p.head_dim / 2 : p.head_dim, q_scale_bytes = p.head_dim / kMxfp4Block;
   const int64_t blocks = (p.rows + kLogitsRowBlock - 1) / kLogitsRowBlock;
   parallel(blocks, 1, [&](int64_t begin, int64_t end) {
     LogitsQuery* queries = new LogitsQuery[kLogitsRowBlock];
@@ -51,15 +52,16 @@ inline void fp8_paged_mqa_topk(const PagedMqaTopkParams& p) {
         for (int64_t t0 = 0; t0 < longest; t0 += kLogitsTaskKeys) {
           const int64_t t1 = t0 + kLogitsTaskKeys < longest ? t0 + kLogitsTaskKeys : longest;
           const int64_t count = gather_paged_keys(p.cache, p.block_table, request, p.max_blocks, p.head_dim, t0, t1,
-                                                  keys, scales, positions);
+                                                  keys, scales, positions, p.key_format);
           for (int64_t r = lead; r < r1; ++r) {
             if (index_at(p.row_requests, r) != request || lens[r - r0] <= p.k || lens[r - r0] <= t0) continue;
             int64_t n = 0;
             while (n < count && positions[n] < lens[r - r0]) ++n;
             if (n == 0) continue;
             if (!prepared[r - r0]) {
-              prepare_query(queries[r - r0], p.q + r * p.num_heads * p.head_dim, p.head_dim, p.num_heads,
-                            p.head_dim, p.weights + r * p.w_stride);
+              prepare_query(queries[r - r0], p.q + r * p.num_heads * q_bytes, q_bytes, p.num_heads, p.head_dim,
+                            p.weights + r * p.w_stride, p.q_scale ? p.q_scale + r * p.num_heads * q_scale_bytes : nullptr,
+                            q_scale_bytes);
               prepared[r - r0] = true;
             }
             score_keys(queries[r - r0], KeyRun{keys.rows, scales, n}, scored);
