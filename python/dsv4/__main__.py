@@ -69,6 +69,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="prefill tokens per step (the chunked-prefill budget)")
     p_demo.add_argument("--preset", default="v4-flash", choices=sorted(PRESETS), help="model shape")
     p_demo.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
+    p_demo.add_argument("--kv-cache-dtype", choices=["fp8", "nvfp4_ds_mla"], default=argparse.SUPPRESS,
+                        help="V4.1 presets: the engines' kv-cache dtype (nvfp4_ds_mla: fp4 compressed caches; "
+                             "default: the preset's)")
+    p_demo.add_argument("--index-key-format", choices=["fp8", "mxfp4"], default=argparse.SUPPRESS,
+                        help="V4.1 presets: the indexer keys (default: the preset's)")
     p_bench = sub.add_parser("bench", help="time the CPU ops against the reference and the vLLM peer")
     p_bench.add_argument("--op", choices=["all", *BENCH_GROUPS, "gpu"], default="all",
                          help="a CPU case group, all of them, or gpu (the CUDA kernels on the current GPU)")
@@ -86,7 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         if requested is not None and requested > layers:
             p_demo.error(f"--layers {requested}: the {args.preset} preset has {layers} layers")
         num_layers = requested or min(DEMO_LAYERS, layers)
-        passed = run_demo(args.prompts, args.decode_steps, num_layers, args.step_tokens, args.preset, args.seed)
+        overrides = {name: getattr(args, name) for name in ("kv_cache_dtype", "index_key_format") if hasattr(args, name)}
+        if overrides and PRESETS[args.preset].model_version != "v4.1":
+            p_demo.error(f"--kv-cache-dtype and --index-key-format choose V4.1 records; {args.preset} is a V4.0 preset")
+        passed = run_demo(args.prompts, args.decode_steps, num_layers, args.step_tokens, args.preset, args.seed,
+                          **overrides)
         print("check passed" if passed else "check FAILED")
         return 0 if passed else 1
     elif args.command == "bench":

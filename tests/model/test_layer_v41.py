@@ -22,14 +22,12 @@ from dsv4.model.layer_v41 import mask_to_candidates, select_candidate_blocks
 from dsv4.model.stack import AttentionStack
 from dsv4.reference import layer_v41 as reference
 from dsv4.reference import quant
-from dsv4.reference.layer import MAX_RELATIVE_ERROR, MIN_COSINE, agreement
+from dsv4.reference.layer import MAX_RELATIVE_ERROR, MAX_RELATIVE_ERROR_FP8_STORAGE, MIN_COSINE, agreement
 
 MAX_MODEL_LEN = 2304
 # Entries pooled by the kernels vs the float reference, relative per entry: fp8 codes about 3 % (e4m3 tiles of 32), fp4 about 15 %.
 MAX_ENTRY_ERROR = {"v41_fp8": 0.04, "v41_fp4": 0.2}
 MAX_KEY_ERROR = {"fp8": 0.04, "mxfp4": 0.2}
-# Against a fp4 compressed cache the layer output moves further from the float reference (4-bit entries).
-MAX_RELATIVE_ERROR_FP4 = 0.12
 
 
 class Stack:
@@ -51,7 +49,7 @@ class Stack:
             outputs.append(self.stack.run_layer(index, x, step).float())
         return outputs
 
-    def reference(self, index: int, batch: ScheduledBatch) -> torch.Tensor:
+    def reference(self, index: int, batch: ScheduledBatch, stored: bool) -> torch.Tensor:
         """The layer's rows of the batch from the dense reference, given the selection its index source made."""
         layer, rows, start = self.stack.layers[index], [], 0
         source = self.config.kv_source_of(index) if layer.selection_source is not None else None
@@ -61,7 +59,7 @@ class Stack:
             rows.append(reference.dense_attention(
                 layer, self.inputs[index][r][:s], torch.arange(s - q, s),
                 None if source is None else self.stack.layers[source],
-                None if source is None else self.inputs[source][r][:s], selection))
+                None if source is None else self.inputs[source][r][:s], selection, stored))
             start += q
         return torch.cat(rows)
 
@@ -79,14 +77,18 @@ SCHEDULE = [
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8", "nvfp4_ds_mla"])
 def test_layers_match_dense_reference(key_format, kv_cache_dtype):
     stack = Stack([1401, 142], max_num_batched_tokens=1400, index_key_format=key_format, kv_cache_dtype=kv_cache_dtype)
-    bound = MAX_RELATIVE_ERROR if kv_cache_dtype == "fp8" else MAX_RELATIVE_ERROR_FP4
     for batch in SCHEDULE:
         outputs = stack.step(batch)
         for index, out in enumerate(outputs):
-            bound_here = MAX_RELATIVE_ERROR if stack.stack.layers[index].selection_source is None else bound
-            cosine, error = agreement(out, stack.reference(index, batch))
-            assert cosine > MIN_COSINE - (0 if bound_here == MAX_RELATIVE_ERROR else 0.01) and error < bound_here, (
-                f"layer {index}, {batch}: cosine {cosine:.4f}, error {error:.4f}")
+            # the fp4 compressed record alone moves the output by several percent: only the stored comparison
+            # bounds it (the float one holds for the fp8 records)
+            cosine, error = agreement(out, stack.reference(index, batch, stored=True))
+            assert cosine > MIN_COSINE and error < MAX_RELATIVE_ERROR_FP8_STORAGE, (
+                f"layer {index}, {batch}: cosine {cosine:.4f}, error {error:.4f} against the stored records")
+            if kv_cache_dtype == "fp8":
+                cosine, error = agreement(out, stack.reference(index, batch, stored=False))
+                assert cosine > MIN_COSINE and error < MAX_RELATIVE_ERROR, (
+                    f"layer {index}, {batch}: cosine {cosine:.4f}, error {error:.4f}")
     rows = stack.stack.layers[4].topk_indices_buffer[:2]
     blocks = stack.stack.layers[3].candidate_blocks[:2]
     for row, block_row in zip(rows, blocks, strict=True):  # the two-level layer chose inside the published blocks

@@ -263,11 +263,12 @@ class DeepseekV41Attention(torch.nn.Module):
                                               caches.compressed_block_size, most_entries, clean_logits=True,
                                               q_scale=None if q_scale is None else q_scale.unsqueeze(1),
                                               key_format=caches.index_key_format)
-        with timer("candidate_blocks"):
-            if self.is_candidate_source:
+        if self.is_candidate_source:
+            with timer("candidate_blocks"):
                 select_candidate_blocks(logits, context_lens, config.candidate_block_size,
                                         config.candidate_topk_blocks, self.candidate_blocks[span])
-            elif self.uses_candidates:
+        elif self.uses_candidates:
+            with timer("candidate_blocks"):
                 logits = mask_to_candidates(logits, self.candidate_source.candidate_blocks[span],
                                             config.candidate_block_size)
         with timer("topk_transform"):

@@ -102,12 +102,21 @@ def indexer_scores(index_layer, index_hidden: torch.Tensor, source, source_hidde
     return scores.masked_fill(~visible, float("-inf"))
 
 
+def record_round_trip(rows: torch.Tensor, layout: str) -> torch.Tensor:
+    """Rows ``[N, 512]`` as a cache of the V4.1 ``layout`` returns them (bf16 rounding, then the record's codes)."""
+    pack, unpack = quant.RECORDS[layout][3:5]
+    return unpack(*pack(rows.bfloat16().float()))
+
+
 def dense_attention(layer, hidden: torch.Tensor, query_positions: torch.Tensor, source=None,
-                    source_hidden: torch.Tensor | None = None, selection: torch.Tensor | None = None) -> torch.Tensor:
+                    source_hidden: torch.Tensor | None = None, selection: torch.Tensor | None = None,
+                    stored: bool = False) -> torch.Tensor:
     """fp32 ``[Q, hidden_size]`` outputs of a :class:`dsv4.model.layer_v41.DeepseekV41Attention` for the tokens at
     ``query_positions`` of one request (inputs ``hidden [L, hidden_size]``, positions 0..L-1). A compressed layer
     needs its kv ``source`` layer with that layer's inputs and the ``selection`` it attends (int ``[Q, k]`` entry
-    indices, -1 pads: e.g. the kernels' choice, checked on its own against :func:`indexer_scores`)."""
+    indices, -1 pads: e.g. the kernels' choice, checked on its own against :func:`indexer_scores`). ``stored``:
+    window keys and compressed entries take the exact round trip of the configuration's records (the fp4
+    compressed record costs several percent on its own), leaving the bf16 projections as the difference."""
     config, weights = layer.config, _weights(layer)
     cos_sin, eps = layer.cos_sin_cache.cpu(), config.rms_norm_eps
     x = hidden.float().cpu()
@@ -117,6 +126,8 @@ def dense_attention(layer, hidden: torch.Tensor, query_positions: torch.Tensor, 
     q = (qr[queries] @ weights["wq_b"].T).view(len(queries), config.num_attention_heads, config.head_dim)
     q = apply_rope(q, queries, cos_sin)  # V4.1: no per-head RMSNorm of q
     keys = apply_rope(kv, torch.arange(length), cos_sin)
+    if stored:
+        keys = record_round_trip(keys, config.cache_record("window"))
     raw = torch.arange(length)
     attended = (raw <= queries[:, None]) & (raw > queries[:, None] - config.sliding_window)
     if layer.layer_type is not LayerType.SWA_ONLY:
@@ -124,6 +135,8 @@ def dense_attention(layer, hidden: torch.Tensor, query_positions: torch.Tensor, 
             raise ValueError("dense_attention: a compressed V4.1 layer needs its kv source, that layer's inputs and "
                              "the selection it attends")
         entries = compressed_entries(source, source_hidden)
+        if stored:
+            entries = record_round_trip(entries, config.cache_record("compressed"))
         keys = torch.cat([keys, entries])
         attended = torch.cat([attended, selection_mask(selection, entries.shape[0])], dim=1)
     scores = torch.einsum("qhd,kd->qhk", q, keys) * config.head_dim**-0.5
