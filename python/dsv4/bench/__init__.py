@@ -167,7 +167,7 @@ def hardware_lines(info: dict) -> str:
     return "\n".join(f"{k}: {v}" for k, v in info.items() if k not in ("bf16_ceiling_gflops", "peer_reason"))
 
 
-GROUPS = ("kv_cache", "compressor", "rope_slots", "indexer", "topk", "sparse_mla", "layer")
+GROUPS = ("kv_cache", "compressor", "rope_slots", "indexer", "topk", "sparse_mla", "layer", "layer_v41")
 
 
 LEGEND = """\

@@ -1,6 +1,7 @@
 """Benchmark cases of the lightning indexer (DSv4-Flash: 64 heads x 128 dims, compressed ratio 4).
 
-Paged decode logits at 4K-128K raw tokens of context (1K-32K compressed entries) for batch 1-32,
+Paged decode logits at 4K-128K raw tokens of context (1K-32K compressed entries) for batch 1-32, V4.1's
+32-head logits over fp8 and MXFP4 keys at the same shapes,
 ragged prefill logits for 4096 query rows, the fused paged top-k against logits + top-k, and the q quantization.
 """
 
@@ -37,6 +38,35 @@ def paged_case(batch: int, raw_context: int) -> Case:
         run=lambda m: m.fp8_paged_mqa_logits_cpu(q, kv, weights, lens, table, BLOCK, entries),
         reference=(lambda: ref_indexer.fp8_paged_mqa_logits(q.unsqueeze(1), kv, weights, lens, table, BLOCK, entries))
         if batch * entries <= REFERENCE_MAX_KEYS else None,
+    )
+
+
+V41_HEADS = 32  # DeepSeek-V4.1's indexer heads (ratio 1: one key per token)
+
+
+def v41_paged_case(batch: int, entries: int, key_format: str) -> Case:
+    """V4.1 decode logits, 32 heads, over fp8 keys (e4m3 query) or MXFP4 keys (MXFP4 query): the same shapes."""
+    pages = (entries + BLOCK - 1) // BLOCK
+    kv = cache.allocate_indexer_k_cache(batch * pages, BLOCK, key_format=key_format)
+    data = DIM if key_format == "fp8" else DIM // 2
+    kv.view(-1)[:] = torch.randint(0, 120, (kv.numel(),), dtype=torch.uint8)  # finite codes
+    scales = kv[:, BLOCK * data : BLOCK * (data + 4)]
+    if key_format == "fp8":
+        scales.view(torch.float32).copy_(torch.exp2(torch.randint(-8, 0, (batch * pages, BLOCK)).float()))
+        q, q_scale = _fp8(batch, 1, V41_HEADS, DIM), None
+    else:
+        scales.copy_(torch.randint(120, 130, scales.shape, dtype=torch.uint8))  # UE8M0: 2^-7 .. 2^2
+        q = torch.randint(0, 256, (batch, 1, V41_HEADS, DIM // 2), dtype=torch.uint8)
+        q_scale = torch.randint(120, 130, (batch, 1, V41_HEADS, DIM // 32), dtype=torch.uint8)
+    weights = torch.randn(batch, V41_HEADS)
+    lens = torch.full((batch,), entries, dtype=torch.int32)
+    table = torch.randperm(batch * pages, dtype=torch.int32).view(batch, pages)
+    return Case(
+        f"paged logits V4.1 {key_format} keys", f"B={batch} H={V41_HEADS} n={entries // 1024}K",
+        bytes_moved=batch * entries * (data + 4 + 4), flops=2 * batch * entries * V41_HEADS * DIM,
+        run=lambda m: ops.fp8_paged_mqa_logits(q, kv, weights, lens, table, BLOCK, entries, clean_logits=False,
+                                               q_scale=q_scale, key_format=key_format),
+        reference=None, on_peer=False,
     )
 
 
@@ -119,6 +149,8 @@ def q_rope_quant_case(quick: bool) -> Case:
 def cases(quick: bool = False) -> list[Case]:
     shapes = [(1, 4096), (4, 65536)] if quick else [(1, 4096), (1, 131072), (4, 65536), (32, 16384)]
     out = [paged_case(batch, ctx) for batch, ctx in shapes]
+    v41_shapes = [(1, 16384)] if quick else [(1, 65536), (8, 16384)]
+    out += [v41_paged_case(batch, n, key_format) for batch, n in v41_shapes for key_format in ("fp8", "mxfp4")]
     out.append(ragged_case(512 if quick else 4096, 1024 if quick else 4096))
     out += prefill_topk_cases(*((512, 16384) if quick else (8192, 131072)))
     out.append(q_rope_quant_case(quick))
