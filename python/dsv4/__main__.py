@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         if requested is not None and requested > layers:
             p_demo.error(f"--layers {requested}: the {args.preset} preset has {layers} layers")
         num_layers = requested or min(DEMO_LAYERS, layers)
-        overrides = {name: getattr(args, name) for name in ("kv_cache_dtype", "index_key_format") if hasattr(args, name)}
+        chosen = ("kv_cache_dtype", "index_key_format")
+        overrides = {name: getattr(args, name) for name in chosen if hasattr(args, name)}
         if overrides and PRESETS[args.preset].model_version != "v4.1":
             p_demo.error(f"--kv-cache-dtype and --index-key-format choose V4.1 records; {args.preset} is a V4.0 preset")
         passed = run_demo(args.prompts, args.decode_steps, num_layers, args.step_tokens, args.preset, args.seed,

@@ -25,7 +25,8 @@ from dsv4.reference import quant
 from dsv4.reference.layer import MAX_RELATIVE_ERROR, MAX_RELATIVE_ERROR_FP8_STORAGE, MIN_COSINE, agreement
 
 MAX_MODEL_LEN = 2304
-# Entries pooled by the kernels vs the float reference, relative per entry: fp8 codes about 3 % (e4m3 tiles of 32), fp4 about 15 %.
+# Entries pooled by the kernels vs the float reference, relative per entry: fp8 codes about 3 % (e4m3 tiles of
+# 32), fp4 about 15 %.
 MAX_ENTRY_ERROR = {"v41_fp8": 0.04, "v41_fp4": 0.2}
 MAX_KEY_ERROR = {"fp8": 0.04, "mxfp4": 0.2}
 

@@ -204,11 +204,18 @@ def test_compressor_store(isa, layout, placement, ratio):
     pages = v41_pages(case.kv_cache.shape[0], 64, layout, placement)
     expected = clone_storage(pages)
     args = case.args(pages)
-    ops.compress_norm_rope_store(*args, layout=layout, placement=placement)
-    ref_compressor.compress_norm_rope_store(*case.args(expected), layout, placement)
+    tokens = case.positions.shape[0]
+    latent = torch.full((tokens, 512), float("nan"), dtype=torch.bfloat16)  # rows no entry writes stay NaN
+    want_latent = latent.clone()
+    ops.compress_norm_rope_store(*args, layout=layout, placement=placement, latent_out=latent)
+    ref_compressor.compress_norm_rope_store(*case.args(expected), layout, placement, latent_out=want_latent)
     slots = written_slots(case)
     assert slots.numel() > 0
     assert_stored_close(pages, expected, slots, 64, layout, placement)
+    written = ~want_latent[:, 0].isnan()
+    assert int(written.sum()) == slots.numel() and torch.equal(latent[:, 0].isnan(), ~written)
+    # the normed entry before its RoPE: fp32 sums in another order, so within one bf16 step
+    torch.testing.assert_close(latent[written].float(), want_latent[written].float(), atol=1e-6, rtol=2**-7)
 
 
 # ---- conversions between records -------------------------------------------------------------------------------
@@ -248,3 +255,17 @@ def test_errors_name_the_argument():
         ops.quantize_kv_insert(torch.randn(3, 576).bfloat16(), slots, pages, 64, layout="v41_fp8")
     with pytest.raises(RuntimeError, match="block_size or the record format does not match"):
         ops.dequantize_kv_gather(pages, slots, 64, layout="v41_fp4")
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda t: torch.zeros(t, 512), "argument 'latent_out' must have dtype BFloat16"),
+    (lambda t: torch.zeros(t + 1, 512, dtype=torch.bfloat16), "argument 'latent_out'"),
+    (lambda t: torch.zeros(512, t, dtype=torch.bfloat16).t(), "argument 'latent_out' must have a contiguous last dim"),
+])
+def test_compressor_latent_out_is_checked(bad, message):
+    from test_compressor import make_case  # noqa: PLC0415 (the compressor tests' inputs)
+
+    case = make_case(512, 4, 64)
+    pages = v41_pages(case.kv_cache.shape[0], 64, "v41_fp8", "page_split")
+    with pytest.raises(RuntimeError, match=message):
+        ops.compress_norm_rope_store(*case.args(pages), layout="v41_fp8", latent_out=bad(case.positions.shape[0]))

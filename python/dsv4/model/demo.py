@@ -175,9 +175,9 @@ def check_last_step_v41(stack: AttentionStack, requests: list[Request], batch: S
     scores of its kv source's keys (inside the published candidate blocks for a two-level layer)."""
     config = stack.config
     print(f"\ncheck: the last decode step of every layer vs the dense float reference on the stored records given "
-          f"the same selected entries and the kv source's inputs (cosine >= {MIN_COSINE} per token, relative error <= "
-          f"{MAX_RELATIVE_ERROR_FP8_STORAGE:.0%}); every index source's selection vs the float indexer on the stored keys and "
-          f"queries (swapped entries within "
+          f"the same selected entries and the kv source's inputs (cosine >= {MIN_COSINE} per token, relative error "
+          f"<= {MAX_RELATIVE_ERROR_FP8_STORAGE:.0%}); every index source's selection vs the float indexer on the "
+          f"stored keys and queries (swapped entries within "
           f"{SELECTION_MARGIN:.0%} of the score range of its cut-off)")
     passed = True
     for index, layer in enumerate(stack.layers):
