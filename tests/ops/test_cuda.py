@@ -427,9 +427,15 @@ def test_compressor_store_matches_the_cpu(layout, placement, ratio):
     assert written.numel() > 0
     pages = args[7]
     expected = clone_storage(pages)
-    run_on_cuda(torch.ops.dsv4.compress_norm_rope_store.layout, *args)
-    torch.ops.dsv4.compress_norm_rope_store.layout(*args[:7], expected, *args[8:])
+    tokens = args[2].shape[0]
+    latent = torch.full((tokens, 512), float("nan"), dtype=torch.bfloat16)  # rows of no written entry stay NaN
+    want_latent = latent.clone()
+    run_on_cuda(torch.ops.dsv4.compress_norm_rope_store.layout, *args, latent)
+    torch.ops.dsv4.compress_norm_rope_store.layout(*args[:7], expected, *args[8:], want_latent)
     assert_records_close(pages, expected, written, 64, layout, placement)
+    rows = ~want_latent[:, 0].isnan()
+    assert torch.equal(latent[:, 0].isnan(), ~rows) and int(rows.sum()) == written.numel()
+    torch.testing.assert_close(latent[rows].float(), want_latent[rows].float(), atol=1e-6, rtol=2**-7)
 
 
 def v41_decode_cases() -> list[DecodeCase]:
