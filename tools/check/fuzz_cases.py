@@ -378,6 +378,39 @@ def model1_record_index(cache: torch.Tensor, slots: torch.Tensor, block_size: in
                       entry_index(cache, slots, block_size, block_size * MODEL1_DATA_BYTES, MODEL1_SCALE_BYTES)], dim=1)
 
 
+def record_index(cache: torch.Tensor, slots: torch.Tensor, block_size: int, layout: str, placement: str
+                 ) -> torch.Tensor:
+    """Storage byte indices [N, record bytes] of each slot's record of ``layout`` in ``placement``."""
+    if layout == "model1":
+        return model1_record_index(cache, slots, block_size)
+    _, data, scales, *_ = quant.RECORDS[layout]
+    if quant.record_placement(layout, placement) == "per_token":
+        return entry_index(cache, slots, block_size, 0, data + scales)
+    return torch.cat([entry_index(cache, slots, block_size, 0, data),
+                      entry_index(cache, slots, block_size, block_size * data, scales)], dim=1)
+
+
+def expect_v41_entries(cache: torch.Tensor, expected: torch.Tensor, slots: torch.Tensor, block_size: int, layout: str,
+                       placement: str, min_exact_bytes: float) -> None:
+    """V4.1 records written by a fused writer (fp32 sums in another order than the reference): each value decodes
+    within one code step of the reference's (fp8: one e4m3 step at its tile's scale; fp4: the widest e2m1 gap at
+    its block's scale, 2), and most record bytes are equal."""
+    got = quant.read_records(cache, slots, block_size, layout, placement)
+    want = quant.read_records(expected, slots, block_size, layout, placement)
+    if layout == "v41_fp8":
+        scale = torch.exp2(quant.v41_fp8_pack(want)[1].float() - 127).repeat_interleave(32, 1)
+        step = scale * 2.0**-3 * quant.FP8_MAX  # e4m3 neighbours 1/8 apart at the top of the range
+    else:
+        step = quant.decode_e4m3(quant.v41_fp4_pack(want)[1]).repeat_interleave(16, 1) * 2.0
+    bad = ~((got - want).abs() <= step + 1e-30) & ~(got.isnan() & want.isnan())
+    if bad.any():
+        fail(f"kv_cache: {int(bad.sum())} {layout} values decode more than one code step apart",
+             *_where(got, want, bad))
+    index = record_index(cache, slots, block_size, layout, placement)
+    expect_mostly_exact("kv_cache record bytes", storage_bytes(cache)[index] == storage_bytes(expected)[index],
+                        min_exact_bytes)
+
+
 def indexer_record_index(cache: torch.Tensor, slots: torch.Tensor, block_size: int) -> torch.Tensor:
     """Storage byte indices [N, 132] of each slot's indexer K record: 128 code bytes, then its fp32 scale."""
     return torch.cat([entry_index(cache, slots, block_size, 0, INDEXER_HEAD_DIM),
@@ -690,6 +723,7 @@ def check_fp8_paged_mqa_topk(a: dict) -> None:
 # ---------------------------------------------------------------------------------------------
 
 KV_LAYOUTS = {"model1": MODEL1_HEAD_DIM, "v32": V32_HEAD_DIM, "v41_fp8": MODEL1_HEAD_DIM, "v41_fp4": MODEL1_HEAD_DIM}
+RECORDS_512 = ("model1", "v41_fp8", "v41_fp4")  # the records the fused 512-dim writers store
 PLACEMENTS = ("page_split", "per_token")
 
 
@@ -779,21 +813,25 @@ def make_qnorm_rope_kv_insert(d: Draw) -> dict:
     kv = (d.randn(kv_rows, tiles, MODEL1_TILE) * kv_scale).reshape(kv_rows, MODEL1_HEAD_DIM).to(dtype)
     num_blocks = max(1, -(-2 * inserted // block_size))
     max_pos = d.int(129, 600)
+    layout, placement = d.pick(RECORDS_512), d.pick(PLACEMENTS)
     return dict(q=relayout(d, q), kv=relayout(d, kv),
                 positions=relayout(d, positions_below(d, tokens, max_pos, d.index_dtype()), False),
                 cos_sin_cache=rope_table(d, max_pos),
                 slot_mapping=relayout(d, distinct_slots(d, inserted, num_blocks * block_size, 0.3, d.index_dtype()),
                                       False),
-                kv_cache=paged_cache(d, num_blocks, kv_page_bytes(block_size)), block_size=block_size,
-                eps=d.pick((1e-6, 1e-5)),
+                kv_cache=paged_cache(d, num_blocks, kv_page_bytes(block_size, layout, placement)),
+                block_size=block_size, eps=d.pick((1e-6, 1e-5)), layout=layout, placement=placement,
+                q_norm=layout == "model1" or d.chance(0.5),  # V4.1 has no q-norm; the op takes it either way
                 q_out=torch.full((tokens, padded_heads, MODEL1_HEAD_DIM), math.nan, dtype=dtype))
 
 
 def check_qnorm_rope_kv_insert(a: dict) -> None:
     cache, expected_cache, q_out = a["kv_cache"], clone_storage(a["kv_cache"]), a["q_out"]
     args = (a["q"], a["kv"], a["positions"], a["cos_sin_cache"], a["slot_mapping"])
-    KERNELS.qnorm_rope_kv_insert(*args, cache, a["block_size"], a["eps"], q_out)
-    want = kv_cache.qnorm_rope_kv_insert(*args, expected_cache, a["block_size"], a["eps"], q_out.shape[1])
+    records = (a["q_norm"], a["layout"], a["placement"])
+    KERNELS.qnorm_rope_kv_insert.layout(*args, cache, a["block_size"], a["eps"], q_out, *records)
+    want = kv_cache.qnorm_rope_kv_insert(*args, expected_cache, a["block_size"], a["eps"], q_out.shape[1],
+                                         q_norm=a["q_norm"], layout=a["layout"], placement=a["placement"])
     heads = a["q"].shape[1]
     if not (q_out[:, heads:] == 0).all():
         fail("q_out: padded heads must be exactly 0")
@@ -808,9 +846,12 @@ def check_qnorm_rope_kv_insert(a: dict) -> None:
                  *_where(q_out, want, bad))
         expect_mostly_exact("q_out", steps == 0, 0.99)
     slots = a["slot_mapping"].long()
-    index = model1_record_index(cache, slots[slots >= 0], a["block_size"])
-    if index.numel():
+    slots = slots[slots >= 0]
+    index = record_index(cache, slots, a["block_size"], a["layout"], a["placement"])
+    if index.numel() and a["layout"] == "model1":
         expect_model1_entries(storage_bytes(cache)[index], storage_bytes(expected_cache)[index], 0.99)
+    elif index.numel():
+        expect_v41_entries(cache, expected_cache, slots, a["block_size"], a["layout"], a["placement"], 0.98)
     expect_same_bytes("kv_cache (outside the written records)", cache, expected_cache, [index])
 
 
@@ -964,7 +1005,7 @@ def check_sparse_mla_prefill(a: dict) -> None:
 # ---------------------------------------------------------------------------------------------
 
 # (compress ratio, coff): the model's C4 (overlapping windows) and C128, and other geometries the ops accept
-COMPRESS_GEOMETRIES = ((4, 2), (4, 2), (4, 2), (128, 1), (128, 1), (2, 1), (8, 2), (16, 1), (64, 2))
+COMPRESS_GEOMETRIES = ((4, 2), (4, 2), (4, 2), (128, 1), (128, 1), (2, 1), (2, 1), (1, 1), (8, 2), (16, 1), (64, 2))
 COMPRESS_MAX_POSITION = 1024
 
 
@@ -1033,7 +1074,11 @@ def make_compress(d: Draw, head_dim: int) -> dict:
     rows[referenced, coff * head_dim :] = d.randn(int(referenced.sum()), coff * head_dim) * 3  # a peaked softmax
     state.copy_(rows.view(state.shape))
     num_blocks = -(-2 * tokens // block_size) + 1
-    page_bytes = kv_page_bytes(block_size) if head_dim == MODEL1_HEAD_DIM else indexer_k_page_bytes(block_size)
+    layout, placement = (d.pick(RECORDS_512), d.pick(PLACEMENTS)) if head_dim == MODEL1_HEAD_DIM else ("", "")
+    page_bytes = (kv_page_bytes(block_size, layout, placement) if head_dim == MODEL1_HEAD_DIM
+                  else indexer_k_page_bytes(block_size))
+    latent = (torch.full((tokens, head_dim), math.nan, dtype=torch.bfloat16)  # rows of no written entry stay NaN
+              if head_dim == MODEL1_HEAD_DIM and d.chance(0.5) else None)
     index_dtype = d.index_dtype()
     return dict(state_cache=state, gather_slots=relayout(d, gather.to(index_dtype), False),
                 positions=relayout(d, positions.to(index_dtype), False),
@@ -1041,7 +1086,20 @@ def make_compress(d: Draw, head_dim: int) -> dict:
                                          False),
                 rms_norm_weight=d.rand(head_dim) + 0.5, rms_norm_eps=1e-6,
                 cos_sin_cache=rope_table(d, COMPRESS_MAX_POSITION), kv_cache=paged_cache(d, num_blocks, page_bytes),
-                block_size=block_size, compress_ratio=ratio)
+                block_size=block_size, compress_ratio=ratio, layout=layout, placement=placement, latent_out=latent)
+
+
+def expect_latent(got: torch.Tensor, want: torch.Tensor) -> None:
+    """The normed entries before their RoPE: the same rows written (the others NaN), within one bf16 step or, where
+    a pooled channel cancels to near zero, within ROPE_CANCEL_NOISE of the row's largest value."""
+    rows = ~want[:, 0].isnan() if want.numel() else torch.zeros(0, dtype=torch.bool)
+    if not torch.equal(got[:, 0].isnan(), ~rows):
+        fail("latent_out: the written rows differ from the reference's")
+    g, w = got[rows], want[rows]
+    noise = ROPE_CANCEL_NOISE * w.float().abs().amax(dim=-1, keepdim=True)
+    bad = (ulp_steps(g, w) > 1) & ((g.float() - w.float()).abs() > noise)
+    if bad.any():
+        fail(f"latent_out: {int(bad.sum())} values differ by more than 1 bf16 step", *_where(g, w, bad))
 
 
 def written_slots(a: dict) -> torch.Tensor:
@@ -1060,20 +1118,26 @@ def check_compress(a: dict, head_dim: int) -> None:
     args = [a[n] for n in names]
     cache = a["kv_cache"]
     expected = clone_storage(cache)
+    latent = a["latent_out"]
+    want_latent = None if latent is None else latent.clone()
     if head_dim == MODEL1_HEAD_DIM:
-        KERNELS.compress_norm_rope_store(*args)
-        compressor.compress_norm_rope_store(*args[:7], expected, *args[8:])
-        index = model1_record_index(cache, written_slots(a), a["block_size"])
+        KERNELS.compress_norm_rope_store.layout(*args, a["layout"], a["placement"], latent)
+        compressor.compress_norm_rope_store(*args[:7], expected, *args[8:], a["layout"], a["placement"], want_latent)
+        index = record_index(cache, written_slots(a), a["block_size"], a["layout"], a["placement"])
+        if latent is not None:
+            expect_latent(latent, want_latent)
     else:
         KERNELS.compress_norm_rope_store_indexer(*args)
         compressor.compress_norm_rope_store_indexer(*args[:7], expected, *args[8:])
         index = indexer_record_index(cache, written_slots(a), a["block_size"])
     if index.numel():
         got, want = storage_bytes(cache)[index], storage_bytes(expected)[index]
-        if head_dim == MODEL1_HEAD_DIM:
+        if head_dim != MODEL1_HEAD_DIM:
+            expect_indexer_entries(got, want)
+        elif a["layout"] == "model1":
             expect_model1_entries(got, want, 0.995)
         else:
-            expect_indexer_entries(got, want)
+            expect_v41_entries(cache, expected, written_slots(a), a["block_size"], a["layout"], a["placement"], 0.98)
     expect_same_bytes("kv_cache (outside the written records)", cache, expected, [index])
 
 
@@ -1107,6 +1171,15 @@ FUZZERS = {
                                          lambda a: check_compress(a, MODEL1_HEAD_DIM)),
     "compress_norm_rope_store_indexer": OpFuzzer(lambda d: make_compress(d, INDEXER_HEAD_DIM),
                                                  lambda a: check_compress(a, INDEXER_HEAD_DIM)),
+}
+
+# Overloads each fuzzer calls (its cases draw their records, placements and options).
+FUZZED_OVERLOADS = {
+    "quantize_kv_insert.layout": "quantize_kv_insert",
+    "dequantize_kv_gather.layout": "dequantize_kv_gather",
+    "qnorm_rope_kv_insert.layout": "qnorm_rope_kv_insert",
+    "compress_norm_rope_store.layout": "compress_norm_rope_store",
+    "sparse_mla_decode.layout": "sparse_mla_decode",
 }
 
 # dsv4 ops that are not fuzzed on their own, and why
