@@ -70,6 +70,17 @@ def test_end_to_end_check_fails_on_a_planted_fault():
     assert "PLANTED FAULT" in out.stdout and "FAIL prompt" in out.stdout
 
 
+def test_v41_end_to_end_check_fails_on_a_planted_fault():
+    """The V4.1 run (through dsv4.model: vLLM 0.32.0 has no CPU path for it) with its attention output 10 % off:
+    its check must say FAIL, and without the fault PASS."""
+    script = [sys.executable, str(ROOT / "tools/check/e2e_vllm.py"), "--case", "v41"]
+    planted = subprocess.run([*script, "--plant-fault"], capture_output=True, text=True, env=ENV, timeout=600)
+    assert planted.returncode == 1, planted.stdout[-3000:] + planted.stderr[-3000:]
+    assert "through dsv4.model, not vLLM" in planted.stdout and "2 decode steps): FAIL" in planted.stdout
+    clean = subprocess.run(script, capture_output=True, text=True, env=ENV, timeout=600)
+    assert clean.returncode == 0 and "2 decode steps): PASS" in clean.stdout, clean.stdout[-3000:]
+
+
 def _free_port() -> int:
     import socket
 
