@@ -149,9 +149,8 @@ Tensor fp8_paged_mqa_logits_format(Tensor q, Tensor kv_cache, Tensor weights, Te
   DSV4_CHECK(max_context_len >= 0, op, "argument 'max_context_len' must be >= 0, got ", max_context_len);
   const Tensor q_rows = torch::stable::contiguous(q);
   p.q = static_cast<const uint8_t*>(q_rows.const_data_ptr());
-  const std::optional<Tensor> q_scale_rows =
-      q_scale ? std::optional<Tensor>(torch::stable::contiguous(*q_scale)) : std::nullopt;
-  if (q_scale_rows) p.q_scale = static_cast<const uint8_t*>(q_scale_rows->const_data_ptr());
+  const Tensor q_scale_rows = q_scale ? torch::stable::contiguous(*q_scale) : q_rows;  // q_rows: unused stand-in
+  if (q_scale) p.q_scale = static_cast<const uint8_t*>(q_scale_rows.const_data_ptr());
   p.weights = static_cast<const float*>(weights.const_data_ptr());
   p.w_stride = weights.stride(0);
   p.max_blocks = block_table.size(1);
@@ -280,9 +279,8 @@ void fp8_paged_mqa_topk_format(Tensor q, Tensor kv_cache, Tensor weights, Tensor
                                                       {"q_scale", present(q_scale)}});
   const Tensor q_rows = torch::stable::contiguous(q);
   p.q = static_cast<const uint8_t*>(q_rows.const_data_ptr());
-  const std::optional<Tensor> q_scale_rows =
-      q_scale ? std::optional<Tensor>(torch::stable::contiguous(*q_scale)) : std::nullopt;
-  if (q_scale_rows) p.q_scale = static_cast<const uint8_t*>(q_scale_rows->const_data_ptr());
+  const Tensor q_scale_rows = q_scale ? torch::stable::contiguous(*q_scale) : q_rows;  // q_rows: unused stand-in
+  if (q_scale) p.q_scale = static_cast<const uint8_t*>(q_scale_rows.const_data_ptr());
   p.weights = static_cast<const float*>(weights.const_data_ptr());
   p.w_stride = weights.stride(0);
   p.out = static_cast<int32_t*>(topk_indices.data_ptr());
@@ -312,7 +310,7 @@ void indexer_k_norm_rope_store(Tensor k_pre, Tensor positions, Tensor cos_sin_ca
                                 {"norm_weight", &norm_weight}, {"kv_cache", &kv_cache},
                                 {"slot_mapping", &slot_mapping}});
   IndexerKNormRopeStoreParams p;
-  p.key_format = parse_indexer_format({op, "key_format"}, key_format);
+  p.key_format = parse_indexer_format({op, "key_format"}, key_format, /*cuda_has_mxfp4=*/true);
   check_dtype({op, "k_pre"}, k_pre, {ScalarType::BFloat16});
   check_dim({op, "k_pre"}, k_pre, 2);
   check_size({op, "k_pre"}, k_pre, 1, kIndexerHeadDim);

@@ -567,14 +567,35 @@ def check_inverse_rope(a: dict) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def indexer_keys_cache(d: Draw, num_blocks: int, block_size: int, read: torch.Tensor) -> torch.Tensor:
-    """An indexer K cache of NaN bytes with valid keys (e4m3 codes, power-of-two scales) at the ``read`` slots."""
-    cache = paged_cache(d, num_blocks, indexer_k_page_bytes(block_size), fill=0xFF)
+def indexer_keys_cache(d: Draw, num_blocks: int, block_size: int, read: torch.Tensor,
+                       key_format: str = "fp8") -> torch.Tensor:
+    """An indexer K cache of NaN bytes with valid keys (e4m3 codes, power-of-two scales; or e2m1 codes and UE8M0
+    bytes, whose 0xFF is NaN too) at the ``read`` slots."""
+    cache = paged_cache(d, num_blocks, indexer_k_page_bytes(block_size, key_format), fill=0xFF)
     slots = torch.unique(read.long())
     keys = d.randn(len(slots), INDEXER_HEAD_DIM) * d.rand(len(slots), 1) * 4
-    codes, scales = quant.indexer_k_pack(keys)
-    quant.indexer_k_write(cache, slots, block_size, codes, scales)
+    if key_format == "fp8":
+        codes, scales = quant.indexer_k_pack(keys)
+        quant.indexer_k_write(cache, slots, block_size, codes, scales)
+        return cache
+    keys = keys * mxfp4_block_magnitudes(d, len(slots), INDEXER_HEAD_DIM)
+    quant.indexer_key_write(cache, slots, block_size, *quant.indexer_key_pack(keys, key_format), key_format)
     return cache
+
+
+def mxfp4_block_magnitudes(d: Draw, rows: int, dim: int) -> torch.Tensor:
+    """[rows, dim] powers of two, one per 32-dim block: blocks of one row at different scales."""
+    return torch.exp2(d.randint(-8, 5, (rows, dim // 32)).float()).repeat_interleave(32, dim=1)
+
+
+def random_query(d: Draw, query_format: str, *shape: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(e4m3 q, None) or (mxfp4 codes uint8 [..., D/2], UE8M0 bytes [..., D/32]) of mixed magnitudes."""
+    if query_format == "fp8":
+        return random_fp8(d, *shape), None
+    rows = math.prod(shape[:-1])
+    values = d.randn(rows, shape[-1]) * mxfp4_block_magnitudes(d, rows, shape[-1])
+    codes, scales = quant.mxfp4_pack(values)
+    return codes.view(*shape[:-1], shape[-1] // 2), scales.view(*shape[:-1], shape[-1] // 32)
 
 
 def slots_read(table: torch.Tensor, lengths: list[int], block_size: int, num_blocks: int) -> torch.Tensor:
@@ -600,7 +621,7 @@ def block_table_of(d: Draw, rows: int, pages: int, num_blocks: int, shared: bool
     return table
 
 
-def make_fp8_paged_mqa_logits(d: Draw) -> dict:
+def make_fp8_paged_mqa_logits(d: Draw, key_format: str = "fp8", query_format: str = "fp8") -> dict:
     batch, next_n, block_size = d.count(4, 0.05), d.pick((1, 1, 2, 3)), d.pick(PAGE_SIZES)
     ctx = [d.pick((0, 1, 511, 512, 513, d.int(1, 600), d.int(1, 3000), d.int(1, 9000))) for _ in range(batch)]
     longest = max(ctx, default=0)
@@ -617,12 +638,13 @@ def make_fp8_paged_mqa_logits(d: Draw) -> dict:
     seen = lens.max(dim=-1).values if lens.dim() == 2 else lens
     read = slots_read(table, [min(int(n), max_context_len) for n in seen.reshape(-1).tolist()], block_size,
                       num_blocks)
-    return dict(q=relayout(d, random_fp8(d, batch, next_n, heads, INDEXER_HEAD_DIM)),
-                kv_cache=indexer_keys_cache(d, num_blocks, block_size, read),
+    q, q_scale = random_query(d, query_format, batch, next_n, heads, INDEXER_HEAD_DIM)
+    case = dict(q=relayout(d, q), kv_cache=indexer_keys_cache(d, num_blocks, block_size, read, key_format),
                 weights=relayout(d, d.randn(batch * next_n, heads)),
                 context_lens=relayout(d, lens.to(d.index_dtype()), False),
                 block_table=relayout(d, table.to(d.index_dtype()), False), block_size=block_size,
                 max_context_len=max_context_len, clean_logits=d.chance(0.5))
+    return case if key_format == query_format == "fp8" else dict(case, q_scale=q_scale, key_format=key_format)
 
 
 def paged_valid_mask(lens: torch.Tensor, next_n: int, max_len: int) -> torch.Tensor:
@@ -642,7 +664,7 @@ def check_fp8_paged_mqa_logits(a: dict) -> None:
     expect_logits_close(got, want, compared)
 
 
-def make_fp8_mqa_logits(d: Draw) -> dict:
+def make_fp8_mqa_logits(d: Draw, key_format: str = "fp8", query_format: str = "fp8") -> dict:
     rows, keys = d.count(12), d.pick((0, 1, 5, d.int(1, 300), d.int(1, 1200), d.int(1, 1200)))
     dim = d.pick((32, 64, 96, 128, 128, 256))
     heads = capped(heads_up_to(d), max(1, rows * keys * dim), 60_000_000)
@@ -654,12 +676,20 @@ def make_fp8_mqa_logits(d: Draw) -> dict:
     k_scale = torch.exp2(d.randint(-10, 3, (keys,)).float())
     columns = torch.arange(keys)
     read = ((columns >= ks[:, None].clamp(min=0)) & (columns < ke[:, None])).any(0)
+    if key_format == "mxfp4":  # e2m1 codes with a UE8M0 byte per 32 dims
+        k, k_scale = quant.mxfp4_pack(d.randn(keys, dim) * mxfp4_block_magnitudes(d, keys, dim))
+        k_scale[~read] = 0xFF
     k.view(torch.uint8)[~read] = 0xFF  # keys outside every row's range are NaN: never needed
-    k_scale[~read] = math.nan
+    if key_format == "fp8":
+        k_scale[~read] = math.nan
     index_dtype = d.index_dtype()
-    return dict(q=relayout(d, random_fp8(d, rows, heads, dim)), k=relayout(d, k), k_scale=k_scale,
+    q, q_scale = random_query(d, query_format, rows, heads, dim)
+    case = dict(q=relayout(d, q), k=relayout(d, k), k_scale=relayout(d, k_scale) if k_scale.dim() == 2 else k_scale,
                 weights=relayout(d, d.randn(rows, heads)), ks=relayout(d, ks.to(index_dtype), False),
                 ke=relayout(d, ke.to(index_dtype), False), clean_logits=d.chance(0.5))
+    if key_format == query_format == "fp8":
+        return case
+    return dict(case, q_scale=None if q_scale is None else relayout(d, q_scale), key_format=key_format)
 
 
 def check_fp8_mqa_logits(a: dict) -> None:
@@ -671,7 +701,7 @@ def check_fp8_mqa_logits(a: dict) -> None:
     expect_logits_close(got, want, torch.ones_like(inside) if a["clean_logits"] else inside)
 
 
-def make_fp8_paged_mqa_topk(d: Draw) -> dict:
+def make_fp8_paged_mqa_topk(d: Draw, key_format: str = "fp8", query_format: str = "fp8") -> dict:
     k, block_size = d.pick(TOPK_SIZES), d.pick(PAGE_SIZES)
     requests = [(d.pick((0, d.int(0, 700), d.int(k - 20, k + 20), d.int(0, 3000), d.int(0, 3000),
                          d.int(8000, 12000))), d.int(1, 12)) for _ in range(d.int(1, 4))]
@@ -697,12 +727,13 @@ def make_fp8_paged_mqa_topk(d: Draw) -> dict:
     read = slots_read(table, [int(lengths[rows == i].max()) for i in range(len(requests))], block_size, num_blocks)
     index_dtype = d.index_dtype()
     out = torch.full((len(rows), k), POISON_INDEX, dtype=torch.int32)
-    return dict(q=relayout(d, random_fp8(d, len(rows), heads, INDEXER_HEAD_DIM)),
-                kv_cache=indexer_keys_cache(d, num_blocks, block_size, read),
+    q, q_scale = random_query(d, query_format, len(rows), heads, INDEXER_HEAD_DIM)
+    case = dict(q=relayout(d, q), kv_cache=indexer_keys_cache(d, num_blocks, block_size, read, key_format),
                 weights=relayout(d, d.randn(len(rows), heads)), lengths=relayout(d, lengths.to(index_dtype), False),
                 block_table=relayout(d, table.to(index_dtype), False),
                 row_requests=relayout(d, rows.to(d.index_dtype()), False), block_size=block_size,
                 topk_indices=relayout(d, out))
+    return case if key_format == query_format == "fp8" else dict(case, q_scale=q_scale, key_format=key_format)
 
 
 def check_fp8_paged_mqa_topk(a: dict) -> None:
@@ -716,6 +747,50 @@ def check_fp8_paged_mqa_topk(a: dict) -> None:
                                           a["block_size"], width, True, None)
     want = topk.topk_transform(logits, lengths, out.shape[1])[0]
     expect_written("topk_indices", out, before, want)
+
+
+# ---- MXFP4 keys and queries (DeepSeek-V4.1): the .format overloads, every (key, query) format pair ----
+
+INDEXER_FORMATS = ("fp8", "mxfp4")
+
+
+def draw_formats(d: Draw) -> tuple[str, str]:
+    """(key format, query format), never both fp8 (the plain ops' fuzzers cover that pair)."""
+    return d.pick([(k, q) for k in INDEXER_FORMATS for q in INDEXER_FORMATS if (k, q) != ("fp8", "fp8")])
+
+
+def check_fp8_paged_mqa_logits_format(a: dict) -> None:
+    args = (a["q"], a["kv_cache"], a["weights"], a["context_lens"], a["block_table"], a["block_size"],
+            a["max_context_len"])
+    got = KERNELS.fp8_paged_mqa_logits.format(*args, a["clean_logits"], None, a["q_scale"], a["key_format"])
+    want = indexer.fp8_paged_mqa_logits(*args, q_scale=a["q_scale"], key_format=a["key_format"])
+    compared = torch.ones_like(want, dtype=torch.bool)
+    if not a["clean_logits"]:
+        compared = paged_valid_mask(a["context_lens"], a["q"].shape[1], a["max_context_len"])
+    expect_logits_close(got, want, compared)
+
+
+def check_fp8_mqa_logits_format(a: dict) -> None:
+    args = (a["q"], a["k"], a["k_scale"], a["weights"], a["ks"], a["ke"])
+    got = KERNELS.fp8_mqa_logits.format(*args, a["clean_logits"], a["q_scale"], a["key_format"])
+    want = indexer.fp8_mqa_logits(*args, q_scale=a["q_scale"], key_format=a["key_format"])
+    cols = torch.arange(a["k"].shape[0])
+    inside = (cols >= a["ks"].long()[:, None]) & (cols < a["ke"].long()[:, None])
+    expect_logits_close(got, want, torch.ones_like(inside) if a["clean_logits"] else inside)
+
+
+def check_fp8_paged_mqa_topk_format(a: dict) -> None:
+    out = a["topk_indices"]
+    before = clone_storage(out)
+    q, cache, weights, lengths, table = a["q"], a["kv_cache"], a["weights"], a["lengths"], a["block_table"]
+    KERNELS.fp8_paged_mqa_topk.format(q, cache, weights, lengths, table, a["row_requests"], a["block_size"], out,
+                                      a["q_scale"], a["key_format"])
+    width = max(0, int(lengths.max())) if lengths.numel() else 0
+    q_scale = None if a["q_scale"] is None else a["q_scale"].unsqueeze(1)
+    logits = KERNELS.fp8_paged_mqa_logits.format(q.unsqueeze(1), cache, weights, lengths,
+                                                 table[a["row_requests"].long()], a["block_size"], width, True, None,
+                                                 q_scale, a["key_format"])
+    expect_written("topk_indices", out, before, topk.topk_transform(logits, lengths, out.shape[1])[0])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -790,6 +865,47 @@ def check_indexer_k_quant_insert(a: dict) -> None:
     KERNELS.indexer_k_quant_insert(a["k"], a["slot_mapping"], cache, a["block_size"])
     codes, scales = quant.indexer_k_pack(a["k"].float())
     quant.indexer_k_write(expected, a["slot_mapping"].long(), a["block_size"], codes, scales)
+    expect_same_bytes("kv_cache", cache, expected)
+
+
+def make_indexer_k_quant_insert_format(d: Draw) -> dict:
+    key_format = d.pick(INDEXER_FORMATS)
+    block_size, tokens = d.pick(PAGE_SIZES), d.pick((0, 1, d.int(1, 40)))
+    num_blocks = -(-2 * tokens // block_size) + d.int(1, 2)
+    k = wide_range_rows(d, tokens, INDEXER_HEAD_DIM, 32).to(d.pick(FLOAT_DTYPES))
+    return dict(k=relayout(d, k),
+                slot_mapping=relayout(d, distinct_slots(d, tokens, num_blocks * block_size, 0.2, d.index_dtype()),
+                                      False),
+                kv_cache=paged_cache(d, num_blocks, indexer_k_page_bytes(block_size, key_format)),
+                block_size=block_size, key_format=key_format)
+
+
+def check_indexer_k_quant_insert_format(a: dict) -> None:
+    cache, expected = a["kv_cache"], clone_storage(a["kv_cache"])
+    KERNELS.indexer_k_quant_insert.format(a["k"], a["slot_mapping"], cache, a["block_size"], a["key_format"])
+    quant.indexer_k_insert(expected, a["slot_mapping"].long(), a["block_size"], a["k"].float(), a["key_format"])
+    expect_same_bytes("kv_cache", cache, expected)
+
+
+def make_indexer_k_norm_rope_store(d: Draw) -> dict:
+    key_format, ratio = d.pick(INDEXER_FORMATS), d.pick((1, 2, 4, 4, 8, 128))
+    tokens, block_size = d.pick((0, 1, d.int(1, 40))), d.pick(PAGE_SIZES)
+    num_blocks = -(-2 * tokens // block_size) + 1
+    k_pre = (wide_range_rows(d, tokens, INDEXER_HEAD_DIM, INDEXER_HEAD_DIM) * 3).to(torch.bfloat16)
+    return dict(k_pre=relayout(d, k_pre),
+                positions=relayout(d, closing_and_other_positions(d, tokens, ratio).to(d.index_dtype()), False),
+                cos_sin_cache=rope_table(d, COMPRESS_MAX_POSITION), norm_weight=d.rand(INDEXER_HEAD_DIM) + 0.5,
+                eps=d.pick((1e-6, 1e-5)),
+                kv_cache=paged_cache(d, num_blocks, indexer_k_page_bytes(block_size, key_format)),
+                slot_mapping=relayout(d, distinct_slots(d, tokens, num_blocks * block_size, 0.15, d.index_dtype()),
+                                      False),
+                block_size=block_size, compress_ratio=ratio, key_format=key_format)
+
+
+def check_indexer_k_norm_rope_store(a: dict) -> None:
+    cache, expected = a["kv_cache"], clone_storage(a["kv_cache"])
+    KERNELS.indexer_k_norm_rope_store(*a.values())
+    indexer.indexer_k_norm_rope_store(**{**a, "kv_cache": expected})
     expect_same_bytes("kv_cache", cache, expected)
 
 
@@ -874,6 +990,30 @@ def check_indexer_q_rope_quant(a: dict) -> None:
     want_fp8, want_weights = indexer.indexer_q_rope_quant(*args)
     expect_ulp("q_fp8", a["q_fp8"], want_fp8)
     expect_close("weights_out", a["weights_out"], want_weights, atol=1e-6, rtol=1e-5)
+
+
+def make_indexer_q_rope_quant_format(d: Draw) -> dict:
+    query_format = d.pick(INDEXER_FORMATS)
+    a = make_indexer_q_rope_quant(d)
+    if query_format == "mxfp4":
+        tokens, heads = a["q"].shape[:2]
+        a["q_fp8"] = d.bytes(tokens, heads, INDEXER_HEAD_DIM // 2)
+        return dict(a, query_format=query_format, q_scale_out=d.bytes(tokens, heads, INDEXER_HEAD_DIM // 32))
+    return dict(a, query_format=query_format, q_scale_out=None)
+
+
+def check_indexer_q_rope_quant_format(a: dict) -> None:
+    args = (a["q"], a["positions"], a["cos_sin_cache"], a["weights"], a["softmax_scale"], a["head_scale"])
+    KERNELS.indexer_q_rope_quant.format(*args, a["q_fp8"], a["weights_out"], a["query_format"], a["q_scale_out"])
+    if a["query_format"] == "fp8":
+        want_fp8, want_weights = indexer.indexer_q_rope_quant(*args)
+        expect_ulp("q_fp8", a["q_fp8"], want_fp8)
+        expect_close("weights_out", a["weights_out"], want_weights, atol=1e-6, rtol=1e-5)
+        return
+    codes, scales, weights = indexer.indexer_q_rope_quant_mxfp4(*args)
+    expect_equal("q codes", a["q_fp8"], codes)
+    expect_equal("q scales", a["q_scale_out"], scales)
+    expect_equal("weights_out", a["weights_out"], weights)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1171,6 +1311,16 @@ FUZZERS = {
                                          lambda a: check_compress(a, MODEL1_HEAD_DIM)),
     "compress_norm_rope_store_indexer": OpFuzzer(lambda d: make_compress(d, INDEXER_HEAD_DIM),
                                                  lambda a: check_compress(a, INDEXER_HEAD_DIM)),
+    "indexer_k_norm_rope_store": OpFuzzer(make_indexer_k_norm_rope_store, check_indexer_k_norm_rope_store),
+    "indexer_k_quant_insert.format": OpFuzzer(make_indexer_k_quant_insert_format,
+                                              check_indexer_k_quant_insert_format),
+    "indexer_q_rope_quant.format": OpFuzzer(make_indexer_q_rope_quant_format, check_indexer_q_rope_quant_format),
+    "fp8_paged_mqa_logits.format": OpFuzzer(lambda d: make_fp8_paged_mqa_logits(d, *draw_formats(d)),
+                                            check_fp8_paged_mqa_logits_format),
+    "fp8_mqa_logits.format": OpFuzzer(lambda d: make_fp8_mqa_logits(d, *draw_formats(d)),
+                                      check_fp8_mqa_logits_format),
+    "fp8_paged_mqa_topk.format": OpFuzzer(lambda d: make_fp8_paged_mqa_topk(d, *draw_formats(d)),
+                                          check_fp8_paged_mqa_topk_format),
 }
 
 # Overloads each fuzzer calls (its cases draw their records, placements and options).

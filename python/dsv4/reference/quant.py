@@ -265,8 +265,12 @@ def v32_read(cache: torch.Tensor, slots: torch.Tensor, block_size: int) -> torch
     return read_records(cache, slots, block_size, "v32")
 
 
-def indexer_k_write(cache: torch.Tensor, slots: torch.Tensor, block_size: int, codes, scales):
-    """Reference indexer-K store of already-quantized (codes [N,128] uint8, scales [N] fp32)."""
+def indexer_k_write(cache: torch.Tensor, slots: torch.Tensor, block_size: int, codes, scales, key_format="fp8"):
+    """Reference indexer-K store of already-quantized (codes [N,128] uint8, scales [N] fp32); ``key_format="mxfp4"``:
+    (e2m1 pairs [N, 64] uint8, UE8M0 bytes [N, 4] uint8) into 68 B entries (:func:`indexer_key_write`)."""
+    if key_format != "fp8":
+        indexer_key_write(cache, slots, block_size, codes, scales, key_format)
+        return
     pages = cache_pages(cache)
     scale_bytes = scales.float().contiguous().view(torch.uint8).reshape(-1, 4)
     for i, slot in enumerate(slots.tolist()):
@@ -277,11 +281,14 @@ def indexer_k_write(cache: torch.Tensor, slots: torch.Tensor, block_size: int, c
             pages[block, s0 : s0 + 4] = scale_bytes[i]
 
 
-def indexer_k_read(cache: torch.Tensor, slots: torch.Tensor, block_size: int):
-    """Reference indexer-K gather: (codes uint8 [*slots.shape, 128], scales fp32 [*slots.shape]).
+def indexer_k_read(cache: torch.Tensor, slots: torch.Tensor, block_size: int, key_format: str = "fp8"):
+    """Reference indexer-K gather: (codes uint8 [*slots.shape, 128], scales fp32 [*slots.shape]); ``key_format=
+    "mxfp4"``: (e2m1 pairs uint8 [*slots.shape, 64], UE8M0 bytes uint8 [*slots.shape, 4]).
 
     Invalid slots give zero codes and zero scales.
     """
+    if key_format != "fp8":
+        return indexer_key_read(cache, slots, block_size, key_format)
     pages = cache_pages(cache)
     flat = slots.reshape(-1).tolist()
     codes = torch.zeros(len(flat), INDEXER_HEAD_DIM, dtype=torch.uint8)
@@ -442,16 +449,17 @@ def mxfp4_unpack(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 # ---- the indexer K cache in either key format: (data bytes, scale bytes) per entry ------------------------------
 
 # key format -> (data bytes, scale bytes) of one entry
-INDEXER_KEY_FORMATS = {
+INDEXER_KEY_PARTS = {
     "fp8": (INDEXER_HEAD_DIM, INDEXER_K_BYTES_PER_ENTRY - INDEXER_HEAD_DIM),
     "mxfp4": (INDEXER_K_FP4_DATA_BYTES, INDEXER_K_FP4_SCALE_BYTES),
 }
 
 
 def check_key_format(key_format: str) -> tuple[int, int]:
-    if key_format not in INDEXER_KEY_FORMATS:
-        raise ValueError(f"unknown indexer key format {key_format!r}; supported: {sorted(INDEXER_KEY_FORMATS)}")
-    return INDEXER_KEY_FORMATS[key_format]
+    """(data bytes, scale bytes) of one entry of the key format; raises on an unknown name."""
+    if key_format not in INDEXER_KEY_PARTS:
+        raise ValueError(f"unknown indexer key format {key_format!r}; supported: {sorted(INDEXER_KEY_PARTS)}")
+    return INDEXER_KEY_PARTS[key_format]
 
 
 def indexer_key_pack(k: torch.Tensor, key_format: str = "fp8") -> tuple[torch.Tensor, torch.Tensor]:
