@@ -146,28 +146,6 @@ def q_rope_quant_case(quick: bool) -> Case:
                 lambda: ref_indexer.indexer_q_rope_quant(iq, positions, rope, iw, 128**-0.5, 0.125))
 
 
-def paged_mxfp4_case(batch: int, raw_context: int) -> Case:
-    """DeepSeek-V4.1: MXFP4 queries over an MXFP4 (68 B/entry) cache."""
-    entries = raw_context // RATIO
-    pages = (entries + BLOCK - 1) // BLOCK
-    kv = cache.allocate_indexer_k_cache(batch * pages, BLOCK, key_format="mxfp4")
-    kv.view(-1)[:] = torch.randint(0, 256, (kv.numel(),), dtype=torch.uint8)
-    kv[:, BLOCK * DIM // 2 : BLOCK * (DIM // 2 + 4)] = torch.randint(120, 130, (batch * pages, BLOCK * 4),
-                                                                     dtype=torch.uint8)  # scales 2^-7 .. 2^2
-    q = torch.randint(0, 256, (batch, 1, HEADS, DIM // 2), dtype=torch.uint8)
-    q_scale = torch.randint(120, 130, (batch, 1, HEADS, DIM // 32), dtype=torch.uint8)
-    weights = torch.randn(batch, HEADS)
-    lens = torch.full((batch,), entries, dtype=torch.int32)
-    table = torch.randperm(batch * pages, dtype=torch.int32).view(batch, pages)
-    return Case(
-        "fp8_paged_mqa_logits.format (mxfp4)", f"B={batch} ctx={raw_context // 1024}K",
-        bytes_moved=batch * entries * (DIM // 2 + 4 + 4), flops=2 * batch * entries * HEADS * DIM,
-        run=lambda m: ops.fp8_paged_mqa_logits(q, kv, weights, lens, table, BLOCK, entries, q_scale=q_scale,
-                                               key_format="mxfp4"),
-        reference=None, on_peer=False,
-    )
-
-
 def k_norm_rope_store_case(quick: bool) -> Case:
     """DeepSeek-V4.1's index key writer (C4: every fourth token writes) into an MXFP4 cache."""
     batch = token_batch(quick)
@@ -192,6 +170,5 @@ def cases(quick: bool = False) -> list[Case]:
     out.append(ragged_case(512 if quick else 4096, 1024 if quick else 4096))
     out += prefill_topk_cases(*((512, 16384) if quick else (8192, 131072)))
     out.append(q_rope_quant_case(quick))
-    out.append(paged_mxfp4_case(*((1, 4096) if quick else (4, 65536))))
     out.append(k_norm_rope_store_case(quick))
     return out
