@@ -29,7 +29,14 @@ def test_layer_types_from_compress_ratios():
     assert layer_types(flash_prefix) == [LayerType.SWA_ONLY, LayerType.SWA_ONLY, LayerType.C4A, LayerType.C128A,
                                          LayerType.C4A, LayerType.C128A, LayerType.SWA_ONLY]
     assert (LAYER_TYPE_SWAONLY, LAYER_TYPE_C4A, LAYER_TYPE_C128A) == ("swaonly", "c4a", "c128a")
-    assert [compress_ratio_of(t) for t in LayerType] == [1, 4, 128]
+    assert [compress_ratio_of(t) for t in LayerType] == [1, 4, 128, 1, 2]
+    v41 = layer_types([0, 0, 2, 2, 1], "v4.1")
+    assert v41 == [LayerType.SWA_ONLY, LayerType.SWA_ONLY, LayerType.C2A, LayerType.C2A, LayerType.C1A]
+    assert layer_type_for_ratio(LayerType.C1A) is LayerType.C1A  # a type goes through as it is
+    with pytest.raises(ValueError, match=r"unsupported compress ratio 4 for DeepSeek-V4.1; supported: \[0, 1, 2\]"):
+        layer_types([4], "v4.1")
+    with pytest.raises(ValueError, match="unknown DeepSeek model version 'v5'"):
+        layer_type_for_ratio(0, "v5")
 
 
 @pytest.mark.parametrize("ratio", [2, 3, 8, 64, 256, -1])

@@ -163,7 +163,8 @@ def test_tile_schedulers():
 
 def test_cpu_variant():
     builder = DeepseekV4CPUSparseSWAMetadataBuilder(config())
-    assert builder.build_tile_scheduler(5) == {"swaonly": None, "c4a": None, "c128a": None}
+    # every layer type, V4.1's c1a and c2a too: vLLM 0.32.0's CPU builder returns only the V4.0 ones
+    assert builder.build_tile_scheduler(5) == {"swaonly": None, "c4a": None, "c128a": None, "c1a": None, "c2a": None}
     cpu, base = builder.build(mixed_batch()), DeepseekSparseSWAMetadataBuilder(config()).build(mixed_batch())
     assert torch.equal(cpu.decode_swa_indices, base.decode_swa_indices)
     assert torch.equal(cpu.prefill_swa_indices, base.prefill_swa_indices)
