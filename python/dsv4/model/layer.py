@@ -42,6 +42,39 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     return (normed if weight is None else normed * weight.float()).to(x.dtype)
 
 
+def check_layer_inputs(layer, hidden_states: torch.Tensor, step: StepMetadata, caches: LayerCaches) -> None:
+    """The step's token rows of the layer's hidden size, and caches of the layer's type."""
+    if hidden_states.shape != (step.num_tokens, layer.config.hidden_size):
+        raise ValueError(f"layer {layer.layer_id}: hidden_states must be [{step.num_tokens}, "
+                         f"{layer.config.hidden_size}], got {list(hidden_states.shape)}")
+    if caches.layer_type is not layer.layer_type:
+        raise ValueError(f"layer {layer.layer_id} is {layer.layer_type.value}, its caches are "
+                         f"{caches.layer_type.value}")
+
+
+def project_inputs(layer, x: torch.Tensor, timer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(normed q latent ``qr``, normed ``kv`` ``[T, 512]``, q ``[T, H, 512]``) of a layer's inputs."""
+    config = layer.config
+    with timer("projections"):
+        qr, kv = F.linear(x, layer.wqa_wkv).split([config.q_lora_rank, config.head_dim], dim=-1)
+        qr = rms_norm(qr, layer.q_norm, config.rms_norm_eps)
+        kv = rms_norm(kv, layer.kv_norm, config.rms_norm_eps)
+        q = F.linear(qr, layer.wq_b).view(x.shape[0], config.num_attention_heads, config.head_dim)
+    return qr, kv, q
+
+
+def output_projection(layer, out: torch.Tensor, positions: torch.Tensor, timer) -> torch.Tensor:
+    """Attention output ``[T, H, 512]`` -> bf16 ``[T, hidden]``: inverse RoPE, grouped ``wo_a``, ``wo_b``."""
+    config, tokens = layer.config, out.shape[0]
+    with timer("inverse_rope"):
+        out = ops.inverse_rope(out, positions, layer.cos_sin_cache)
+    with timer("o_proj"):
+        groups = config.o_groups
+        grouped = out.view(tokens, groups, -1).transpose(0, 1)
+        low_rank = torch.bmm(grouped, layer.wo_a.view(groups, config.o_lora_rank, -1).transpose(1, 2))
+        return F.linear(low_rank.transpose(0, 1).reshape(tokens, -1), layer.wo_b)
+
+
 def _buffers(module: torch.nn.Module, specs: dict[str, tuple[tuple[int, ...], torch.dtype]], device) -> None:
     for name, (shape, dtype) in specs.items():
         module.register_buffer(name, torch.empty(shape, dtype=dtype, device=device))
@@ -124,19 +157,9 @@ class DeepseekV4Attention(torch.nn.Module):
     def forward(self, hidden_states: torch.Tensor, step: StepMetadata, caches: LayerCaches,
                 timer=NULL_TIMER) -> torch.Tensor:
         """bf16 ``[T, hidden]`` -> bf16 ``[T, hidden]`` for the step's tokens; writes this layer's caches."""
-        if hidden_states.shape != (step.num_tokens, self.config.hidden_size):
-            raise ValueError(f"layer {self.layer_id}: hidden_states must be [{step.num_tokens}, "
-                             f"{self.config.hidden_size}], got {list(hidden_states.shape)}")
-        if caches.layer_type is not self.layer_type:
-            raise ValueError(f"layer {self.layer_id} is {self.layer_type.value}, its caches are "
-                             f"{caches.layer_type.value}")
+        check_layer_inputs(self, hidden_states, step, caches)
         config, x, positions = self.config, hidden_states, step.positions
-        tokens, heads = x.shape[0], config.num_attention_heads
-        with timer("projections"):
-            qr, kv = F.linear(x, self.wqa_wkv).split([config.q_lora_rank, config.head_dim], dim=-1)
-            qr = rms_norm(qr, self.q_norm, config.rms_norm_eps)
-            kv = rms_norm(kv, self.kv_norm, config.rms_norm_eps)
-            q = F.linear(qr, self.wq_b).view(tokens, heads, config.head_dim)
+        qr, kv, q = project_inputs(self, x, timer)
         with timer("qnorm_rope_kv_insert"):
             q = ops.qnorm_rope_kv_insert(q, kv, positions, self.cos_sin_cache, step.swa.slot_mapping, caches.swa,
                                          SWA_BLOCK_SIZE, config.rms_norm_eps)
@@ -146,14 +169,7 @@ class DeepseekV4Attention(torch.nn.Module):
             self._compress(x, positions, self.compressor, caches.compressor_state, step.compressor[self._state_group],
                            step.compressed[self.layer_type].slot_mapping, caches.compressed,
                            caches.compressed_block_size, ops.compress_norm_rope_store, timer)
-        out = self._attend(q, step, caches, timer)
-        with timer("inverse_rope"):
-            out = ops.inverse_rope(out, positions, self.cos_sin_cache)
-        with timer("o_proj"):
-            groups = config.o_groups
-            grouped = out.view(tokens, groups, -1).transpose(0, 1)
-            low_rank = torch.bmm(grouped, self.wo_a.view(groups, config.o_lora_rank, -1).transpose(1, 2))
-            return F.linear(low_rank.transpose(0, 1).reshape(tokens, -1), self.wo_b)
+        return output_projection(self, self._attend(q, step, caches, timer), positions, timer)
 
     @property
     def _state_group(self) -> CacheGroup:

@@ -27,7 +27,7 @@ from ..rope import rope_cos_sin_cache
 from .attention_step import StepMetadata
 from .cache_manager import CacheGroup, LayerCaches
 from .config import DeepseekV4AttentionConfig
-from .layer import DeepseekV4Attention, _buffers, rms_norm
+from .layer import DeepseekV4Attention, _buffers, check_layer_inputs, output_projection, project_inputs
 from .timing import NULL_TIMER
 
 STATE_GROUP = {LayerType.C1A: CacheGroup.C1_STATE, LayerType.C2A: CacheGroup.C2_STATE}
@@ -157,19 +157,9 @@ class DeepseekV41Attention(torch.nn.Module):
     def forward(self, hidden_states: torch.Tensor, step: StepMetadata, caches: LayerCaches,
                 timer=NULL_TIMER) -> torch.Tensor:
         """bf16 ``[T, hidden]`` -> bf16 ``[T, hidden]`` for the step's tokens; writes this layer's caches."""
-        if hidden_states.shape != (step.num_tokens, self.config.hidden_size):
-            raise ValueError(f"layer {self.layer_id}: hidden_states must be [{step.num_tokens}, "
-                             f"{self.config.hidden_size}], got {list(hidden_states.shape)}")
-        if caches.layer_type is not self.layer_type:
-            raise ValueError(f"layer {self.layer_id} is {self.layer_type.value}, its caches are "
-                             f"{caches.layer_type.value}")
+        check_layer_inputs(self, hidden_states, step, caches)
         config, x, positions = self.config, hidden_states, step.positions
-        tokens, heads = x.shape[0], config.num_attention_heads
-        with timer("projections"):
-            qr, kv = F.linear(x, self.wqa_wkv).split([config.q_lora_rank, config.head_dim], dim=-1)
-            qr = rms_norm(qr, self.q_norm, config.rms_norm_eps)
-            kv = rms_norm(kv, self.kv_norm, config.rms_norm_eps)
-            q = F.linear(qr, self.wq_b).view(tokens, heads, config.head_dim)
+        qr, kv, q = project_inputs(self, x, timer)
         with timer("qnorm_rope_kv_insert"):
             q = ops.qnorm_rope_kv_insert(q, kv, positions, self.cos_sin_cache, step.swa.slot_mapping, caches.swa,
                                          SWA_BLOCK_SIZE, config.rms_norm_eps, q_norm=False,
@@ -178,14 +168,7 @@ class DeepseekV41Attention(torch.nn.Module):
             self._compress(x, step, caches, timer)
         if self.indexer is not None:
             self._index(x, qr, step, caches, timer)
-        out = self._attend(q, step, caches, timer)
-        with timer("inverse_rope"):
-            out = ops.inverse_rope(out, positions, self.cos_sin_cache)
-        with timer("o_proj"):
-            groups = config.o_groups
-            grouped = out.view(tokens, groups, -1).transpose(0, 1)
-            low_rank = torch.bmm(grouped, self.wo_a.view(groups, config.o_lora_rank, -1).transpose(1, 2))
-            return F.linear(low_rank.transpose(0, 1).reshape(tokens, -1), self.wo_b)
+        return output_projection(self, self._attend(q, step, caches, timer), positions, timer)
 
     def _compress(self, x, step: StepMetadata, caches: LayerCaches, timer) -> None:
         """State rows, the completed entries into the compressed cache, and their indexer keys."""

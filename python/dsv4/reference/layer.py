@@ -148,6 +148,13 @@ def dense_attention(layer, hidden: torch.Tensor, query_positions: torch.Tensor, 
         else:
             chosen = torch.arange(count) < ((queries + 1) // ratio)[:, None]
         keys, attended = torch.cat([keys, entries]), torch.cat([attended, chosen], dim=1)
+    return attend_and_project(q, keys, attended, weights, config, queries, cos_sin).to(hidden.device)
+
+
+def attend_and_project(q: torch.Tensor, keys: torch.Tensor, attended: torch.Tensor, weights: dict, config,
+                       queries: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+    """fp32 ``[Q, hidden]``: masked softmax attention of q ``[Q, H, 512]`` over ``keys [K, 512]`` (``attended``
+    bool ``[Q, K]``) with the sink, inverse RoPE at the query positions, grouped ``wo_a`` and ``wo_b``."""
     scores = torch.einsum("qhd,kd->qhk", q, keys) * config.head_dim**-0.5
     scores = scores.masked_fill(~attended[:, None, :], float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
@@ -157,4 +164,4 @@ def dense_attention(layer, hidden: torch.Tensor, query_positions: torch.Tensor, 
     groups = config.o_groups
     grouped = out.reshape(len(queries), groups, -1)
     low_rank = torch.einsum("qgk,gok->qgo", grouped, weights["wo_a"].view(groups, config.o_lora_rank, -1))
-    return (low_rank.reshape(len(queries), -1) @ weights["wo_b"].T).to(hidden.device)
+    return low_rank.reshape(len(queries), -1) @ weights["wo_b"].T

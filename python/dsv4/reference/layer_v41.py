@@ -16,7 +16,7 @@ from ..constants import INDEXER_HEAD_DIM
 from ..metadata import LayerType
 from . import indexer as reference_indexer
 from . import quant
-from .layer import _rms, selection_mask
+from .layer import _rms, attend_and_project, selection_mask
 from .rope_slots import apply_rope
 
 
@@ -139,13 +139,4 @@ def dense_attention(layer, hidden: torch.Tensor, query_positions: torch.Tensor, 
             entries = record_round_trip(entries, config.cache_record("compressed"))
         keys = torch.cat([keys, entries])
         attended = torch.cat([attended, selection_mask(selection, entries.shape[0])], dim=1)
-    scores = torch.einsum("qhd,kd->qhk", q, keys) * config.head_dim**-0.5
-    scores = scores.masked_fill(~attended[:, None, :], float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    out = torch.einsum("qhk,kd->qhd", torch.softmax(scores, dim=-1), keys)
-    out = out / (1 + torch.exp(weights["attn_sink"] - lse))[..., None]
-    out = apply_rope(out, queries, cos_sin, inverse=True)
-    groups = config.o_groups
-    grouped = out.reshape(len(queries), groups, -1)
-    low_rank = torch.einsum("qgk,gok->qgo", grouped, weights["wo_a"].view(groups, config.o_lora_rank, -1))
-    return (low_rank.reshape(len(queries), -1) @ weights["wo_b"].T).to(hidden.device)
+    return attend_and_project(q, keys, attended, weights, config, queries, cos_sin).to(hidden.device)
