@@ -90,6 +90,8 @@ PYTHON_LAYOUTS = {  # every constant of the header, as dsv4.constants spells it
     "kIndexerNopeDim": C.INDEXER_HEAD_DIM - C.INDEXER_ROPE_DIM,
     "kIndexerScaleBytes": C.INDEXER_K_BYTES_PER_ENTRY - C.INDEXER_HEAD_DIM,
     "kIndexerBytesPerEntry": C.INDEXER_K_BYTES_PER_ENTRY,
+    "kMxfp4Block": C.INDEXER_MXFP4_BLOCK, "kIndexerFp4DataBytes": C.INDEXER_K_FP4_DATA_BYTES,
+    "kIndexerFp4ScaleBytes": C.INDEXER_K_FP4_SCALE_BYTES, "kIndexerFp4BytesPerEntry": C.INDEXER_K_FP4_BYTES_PER_ENTRY,
 }
 
 
