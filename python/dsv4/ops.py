@@ -102,6 +102,9 @@ _fake_writes_only("qnorm_rope_kv_insert")
 _fake_writes_only("qnorm_rope_kv_insert.layout")
 
 
+MXFP4_Q_BYTES = INDEXER_HEAD_DIM // 2  # e2m1 codes of one indexer head, two per byte
+MXFP4_Q_SCALE_BYTES = INDEXER_HEAD_DIM // 32  # its UE8M0 bytes, one per 32 dims
+
 def indexer_q_rope_quant(
     q: torch.Tensor,
     positions: torch.Tensor,
@@ -145,9 +148,6 @@ def indexer_q_rope_quant(
                                      weights_out, query_format, q_scale_out)
     return (q_fp8, q_scale_out, weights_out) if mxfp4 else (q_fp8, weights_out)
 
-
-MXFP4_Q_BYTES = INDEXER_HEAD_DIM // 2  # e2m1 codes of one indexer head, two per byte
-MXFP4_Q_SCALE_BYTES = INDEXER_HEAD_DIM // 32  # its UE8M0 bytes, one per 32 dims
 
 _fake_writes_only("indexer_q_rope_quant")
 _fake_writes_only("indexer_q_rope_quant.format")
