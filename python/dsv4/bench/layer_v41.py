@@ -1,8 +1,9 @@
 """Benchmark cases of DeepSeek-V4.1-Flash attention layers against the V4.0-Flash ones in the same run (decode).
 
 A batch of one-token requests over a long context whose caches hold random entries; V4.1-Flash's shapes
-(hidden 5120, 64 heads, 32 indexer heads, 1280 q rank) in five layers, one of each role: window only, a ratio-2
-kv + index source, a ratio-2 consumer, a ratio-1 kv + index + candidate source, a ratio-1 two-level index layer.
+(hidden 5120, 64 heads, 32 indexer heads, 1280 q rank) in six layers, one of each role: window only, a ratio-2
+kv + index source, a ratio-2 consumer, a ratio-1 kv + index + candidate source, a ratio-1 two-level index layer, a
+ratio-1 consumer. V4.1-Flash's 40 layers are 2, 3, 15, 1, 4 and 15 of these.
 The V4.0-Flash rows (window only, C4A, C128A) are the :mod:`.layer` decode cases. Bytes moved count the weights
 and the attended records (V4.1: 528 B window and compressed entries; V4.0: 584 B).
 """
@@ -24,9 +25,10 @@ from . import Case
 from . import layer as v40_layer
 
 # One layer of each V4.1 role, with V4.1-Flash's shapes (its first layers are sources; these are their kinds).
-ROLES = replace(V4_1_FLASH, name="DSv4.1-Flash layers", compress_ratios=(0, 2, 2, 1, 1), kv_source_layer_ids=(1, 3),
-                index_source_layer_ids=(1, 3, 4), candidate_source_layer_id=3)
-ROLE_NAMES = ("swaonly", "c2a kv+index source", "c2a consumer", "c1a sources+candidates", "c1a two-level index")
+ROLES = replace(V4_1_FLASH, name="DSv4.1-Flash layers", compress_ratios=(0, 2, 2, 1, 1, 1),
+                kv_source_layer_ids=(1, 3), index_source_layer_ids=(1, 3, 4), candidate_source_layer_id=3)
+ROLE_NAMES = ("swaonly", "c2a kv+index source", "c2a consumer", "c1a sources+candidates", "c1a two-level index",
+              "c1a consumer")
 
 
 def _fill_v41_context(stack: AttentionStack, requests: list[int], context: int) -> None:
