@@ -1,11 +1,13 @@
-// Hopper tier of the MODEL1 sparse decode, warp-specialised: a CTA attends 64 heads of one query over its schedule
-// partition in tiles of 64 entries (one schedule block), with one job per warpgroup. The scorer (warpgroup 0) runs
-// S = Q K^T, the online softmax and O += P V for output dims 0-255 on wgmma, and hands P and the row rescale factors
-// to the valuer (warpgroup 1) through shared memory; the valuer runs O += P V for dims 256-511 and also publishes
-// each tile's entry addresses several tiles ahead (the index values travel further ahead through a shared-memory
-// ring, so no thread waits on an index load); two decoders (warpgroups 2 and 3, half of every tile each) load a
-// tile's codes straight into registers before its buffer (two K/V tiles alternate) is free and then write it as
-// bf16. Full tiles and P are handed over with named barriers, empty buffers and the address ring with mbarriers.
+// Hopper tier of the MODEL1 and DeepSeek-V4.1 sparse decode, warp-specialised: a CTA attends 64 heads of one query
+// over its schedule partition in tiles of 64 entries (one schedule block), with one job per warpgroup. The scorer
+// (warpgroup 0) runs S = Q K^T, the online softmax and O += P V for output dims 0-255 on wgmma, and hands P and the
+// row rescale factors to the valuer (warpgroup 1) through shared memory; the valuer runs O += P V for dims 256-511
+// and also publishes each tile's entry addresses several tiles ahead (the index values travel further ahead through a
+// shared-memory ring, so no thread waits on an index load); two decoders (warpgroups 2 and 3, half of every tile
+// each) load a tile's codes straight into registers before its buffer (two K/V tiles alternate) is free and then
+// write it as bf16 (MODEL1: e4m3 nope codes and bf16 RoPE values; V4.1: an fp8 main set, e4m3 codes under UE8M0
+// scales, with an fp8 or fp4 extra set, e2m1 codes under e4m3 scales, in either placement). Full tiles and P are
+// handed over with named barriers, empty buffers and the address ring with mbarriers.
 // Each request's q tile arrives by tensor copies (TMA) that one scorer thread issues under the previous request's
 // last tile.
 // The MODEL1-shaped bf16 sparse prefill runs on the same kernel: each query token is a request whose entries are
@@ -45,7 +47,7 @@ struct RoleRegs {
                 "setmaxnreg.inc waits for registers the decoders released: never more than the CTA holds");
 };
 // The records a kernel's decoders turn into bf16 tiles: MODEL1, or V4.1 (a 528-byte fp8 main set, an fp8 or fp4
-// extra set: each tile's address stage says which, see stage_fp4). Only the decoders and the addresses differ.
+// extra set: each tile's address stage says which, see stage_kind). Only the decoders and the addresses differ.
 enum class Record { model1, v41 };
 
 // Named barriers (0 is __syncthreads): buffer b full = 1 + b (decoders -> scorer; its first half where the buffer
@@ -540,9 +542,7 @@ DSV4_SM90_DEVICE void copy_row(const uint8_t* data, int e, int part, uint8_t* ti
   }
 }
 
-// store_entry's rare route (an e4m3 NaN code, a large scale or an invalid entry), out of line: inlined, its code
-// sat inside the decoders' tile loop and the instruction fetch paid for it every tile. The codes come by value, in
-// registers (by reference they went to the stack on the common route too).
+// The exact route of a share (decode_nope_16 per item; zeros for an invalid entry).
 template <typename Codes>
 DSV4_SM90_DEVICE void store_exact_items(const Codes& c, bool ok, int e, int part, uint8_t* tile) {
   for (int k = 0; k < Codes::kItems; ++k) {
@@ -554,6 +554,9 @@ DSV4_SM90_DEVICE void store_exact_items(const Codes& c, bool ok, int e, int part
   }
 }
 
+// store_entry's rare route (an e4m3 NaN code, a large scale or an invalid entry), out of line: inlined, its code
+// sat inside the decoders' tile loop and the instruction fetch paid for it every tile. The codes come by value, in
+// registers (by reference they went to the stack on the common route too).
 __noinline__ __device__ void store_entry_exact(const EntryCodes c, bool ok, int e, int part, uint8_t* tile) {
   store_exact_items(c, ok, e, part, tile);
 }
@@ -1390,7 +1393,8 @@ cudaError_t launch_sparse_mla_decode_sm90(const SparseMlaDecodeParams& p, cudaSt
   if (k.main.layout == KvLayout::v41_fp8) {  // one shape: the V4.1 decoders need their 72 registers (RoleRegs)
     launched = launch_attention<false, false, Record::v41>(k, nullptr, stream);
   } else {
-    launched = wide ? launch_attention<false, true>(k, nullptr, stream) : launch_attention<false, false>(k, nullptr, stream);
+    launched = wide ? launch_attention<false, true>(k, nullptr, stream)
+                    : launch_attention<false, false>(k, nullptr, stream);
   }
   if (launched != cudaSuccess) return launched;
   return launch_decode_combine(p, stream, true);

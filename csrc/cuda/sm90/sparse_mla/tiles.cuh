@@ -171,7 +171,9 @@ DSV4_SM90_DEVICE void decode_e2m1_16(uint2 codes, uint32_t scale, uint4& first, 
   const uint32_t words[2] = {codes.x, codes.y};
   uint32_t out[8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) out[i] = mul_bf16x2(mul_bf16x2(e2m1x2_to_bf16_tiny(words[i / 4], i % 4), kTwoTo126), scale);
+  for (int i = 0; i < 8; ++i) {
+    out[i] = mul_bf16x2(mul_bf16x2(e2m1x2_to_bf16_tiny(words[i / 4], i % 4), kTwoTo126), scale);
+  }
   first = make_uint4(out[0], out[1], out[2], out[3]);
   second = make_uint4(out[4], out[5], out[6], out[7]);
 }
