@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from dsv4 import ops
+from dsv4.cache import kv_page_bytes
 from dsv4.constants import MODEL1_HEAD_DIM
+from dsv4.reference import quant
 from helpers.sparse_mla_cases import (
     SPLIT_THREADS,
     DecodeCase,
@@ -111,6 +113,91 @@ def test_prefill_routes_match_the_decode_contract(isa, route, pair, placement):
         layout=pair[0], extra_layout=pair[1], placement=placement, route=route)
     assert_attention_close(out[:, None], lse.transpose(0, 1)[None].transpose(0, 2).contiguous(), ref_out, ref_lse,
                            flashmla=True)
+
+
+FINITE_E4M3_CODES = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
+NAN_E4M3_CODES = (0x7F, 0xFF)
+UE8M0_NAN = 255
+BF16_TINY = torch.finfo(torch.bfloat16).tiny  # some tiers' bf16 products flush smaller magnitudes to zero
+CODE_ENTRIES = 64  # one 64-entry tile
+
+
+def raw_page(layout: str, placement: str, data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """One page of len(data) entries of `layout` holding the given raw data and scale bytes."""
+    n = data.shape[0]
+    page = torch.zeros(1, kv_page_bytes(n, layout, placement), dtype=torch.uint8)
+    data_cols, scale_cols = quant._entry_byte_index(layout, placement, n, torch.arange(n))
+    page[0, data_cols] = data
+    page[0, scale_cols] = scales
+    return page
+
+
+def single_entry_rows(layout: str, placement: str, page: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """out and lse of query n attending entry n of the page alone with q = 0 (out: exactly that entry's row): fp8
+    entries as the main set, fp4 ones as the extra set beside a main set of -1 entries."""
+    n = CODE_ENTRIES
+    q = torch.zeros(1, n, 2, MODEL1_HEAD_DIM).bfloat16()
+    own = torch.arange(n, dtype=torch.int32).view(1, n, 1)
+    if layout == "v41_fp8":
+        out, lse = ops.sparse_mla_decode(q, page, own, n, layout=layout, extra_layout=layout, placement=placement)
+    else:
+        main = torch.zeros(1, kv_page_bytes(1, "v41_fp8", placement), dtype=torch.uint8)
+        out, lse = ops.sparse_mla_decode(q, main, torch.full_like(own, -1), 1, extra_kv_cache=page, extra_indices=own,
+                                         extra_block_size=n, layout="v41_fp8", extra_layout=layout,
+                                         placement=placement)
+    return out[0, :, 0], lse[0, 0]
+
+
+def code_page(layout: str, placement: str) -> torch.Tensor:
+    """Every finite e4m3 code under UE8M0 scale bytes 7-246 (fp8: 448 times the largest is still a finite bf16),
+    or every e2m1 pair under every finite e4m3 scale byte (fp4)."""
+    _, data_bytes, scale_bytes, *_ = quant.RECORDS[layout]
+    e = torch.arange(CODE_ENTRIES)[:, None]
+    if layout == "v41_fp8":
+        data = FINITE_E4M3_CODES[(torch.arange(data_bytes) + 37 * e) % len(FINITE_E4M3_CODES)]
+        scales = (7 + (scale_bytes * e + torch.arange(scale_bytes)) % 240).to(torch.uint8)
+    else:
+        data = ((torch.arange(data_bytes) + 13 * e) % 256).to(torch.uint8)
+        scales = FINITE_E4M3_CODES[(scale_bytes * e + torch.arange(scale_bytes)) % len(FINITE_E4M3_CODES)]
+    return raw_page(layout, placement, data, scales)
+
+
+@pytest.mark.parametrize("layout", ["v41_fp8", "v41_fp4"])
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_every_code_and_scale_byte_decodes_exactly(isa, layout, placement):
+    """Rows of every finite code under every scale byte but NaN (fp8: UE8M0 bytes 7-246, the large scales past
+    the Hopper tier's direct route included; fp4: subnormal and zero e4m3 scales included) match the reference's
+    rows bit for bit."""
+    page = code_page(layout, placement)
+    got, lse = single_entry_rows(layout, placement, page)
+    want = quant.read_records(page, torch.arange(CODE_ENTRIES), CODE_ENTRIES, layout, placement).bfloat16()
+    assert (lse == 0).all()
+    comparable = (want.float().abs() >= BF16_TINY) | (want == 0)
+    assert comparable.float().mean() > 0.99
+    assert torch.equal(got[comparable], want[comparable])
+
+
+@pytest.mark.parametrize("layout", ["v41_fp8", "v41_fp4"])
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_nan_codes_and_scales_give_nan_rows(isa, layout, placement):
+    """An attended entry with an e4m3 NaN code (fp8) or a NaN scale byte (fp8: UE8M0 255, fp4: e4m3 0x7f or 0xff)
+    gives a NaN row and lse, as the reference's dequantized NaN does; clean entries in the same tile stay exact."""
+    page = code_page(layout, placement)
+    _, data_bytes, scale_bytes, *_ = quant.RECORDS[layout]
+    data_cols, scale_cols = quant._entry_byte_index(layout, placement, CODE_ENTRIES, torch.arange(CODE_ENTRIES))
+    hit = list(range(0, CODE_ENTRIES, 3))
+    for i, e in enumerate(hit):
+        if layout == "v41_fp8" and i % 2 == 0:
+            page[0, data_cols[e, (29 * i) % data_bytes]] = NAN_E4M3_CODES[i % 4 // 2]
+        else:
+            page[0, scale_cols[e, (7 * i) % scale_bytes]] = UE8M0_NAN if layout == "v41_fp8" else NAN_E4M3_CODES[i % 2]
+    got, lse = single_entry_rows(layout, placement, page)
+    assert torch.isnan(got[hit]).all() and torch.isnan(lse[hit]).all()
+    clean = torch.ones(CODE_ENTRIES, dtype=torch.bool)
+    clean[hit] = False
+    want = quant.read_records(page, torch.arange(CODE_ENTRIES), CODE_ENTRIES, layout, placement).bfloat16()[clean]
+    comparable = (want.float().abs() >= BF16_TINY) | (want == 0)
+    assert torch.equal(got[clean][comparable], want[comparable])
 
 
 def test_unsupported_pairs_and_geometry_are_rejected():

@@ -122,6 +122,39 @@ def decode_case(batch: int, heads: int, compressed: int, preset: str) -> GpuCase
                    run=run)
 
 
+def v41_pages(rows: int, layout: str) -> torch.Tensor:
+    """A page-split V4.1 cache of `layout` records (as vLLM writes them) holding `rows` random rows at slots
+    0 .. rows - 1."""
+    pages = cache.allocate_kv_cache(-(-rows // PAGE), PAGE, layout, device="cuda")
+    values = (torch.randn(rows, MODEL1_HEAD_DIM, device="cuda") * KV_SPREAD).bfloat16()
+    ops.quantize_kv_insert(values, torch.arange(rows, device="cuda"), pages, PAGE, layout=layout)
+    return pages
+
+
+def v41_decode_case(batch: int, heads: int, compressed: int, extra_layout: str, preset: str) -> GpuCase:
+    """DeepSeek-V4.1's decode: the window in a 528-byte fp8 main cache, the compressed entries in a 288-byte fp4
+    (or 528-byte fp8) extra cache; the plan is made once, outside the timed call, as FlashMLA's callers do."""
+    window, compressed_cache = v41_pages(batch * SLIDING_WINDOW, "v41_fp8"), v41_pages(batch * compressed, extra_layout)
+    window_slots = random_slots(batch, SLIDING_WINDOW, window.shape[0] * PAGE)
+    compressed_slots = random_slots(batch, compressed, compressed_cache.shape[0] * PAGE)
+    q = torch.randn(batch, 1, heads, MODEL1_HEAD_DIM, device="cuda").bfloat16()
+    sink = torch.randn(heads, device="cuda")
+    meta, splits = ops.sparse_mla_decode_schedule(q, window_slots, None, compressed_slots, None)
+    entries = SLIDING_WINDOW + compressed
+    record_bytes = SLIDING_WINDOW * cache.KV_LAYOUTS["v41_fp8"] + compressed * cache.KV_LAYOUTS[extra_layout]
+
+    def run():
+        return ops.sparse_mla_decode(q, window, window_slots, PAGE, attn_sink=sink, extra_kv_cache=compressed_cache,
+                                     extra_indices=compressed_slots, extra_block_size=PAGE,
+                                     tile_scheduler_metadata=meta, num_splits=splits, layout="v41_fp8",
+                                     extra_layout=extra_layout)
+
+    return GpuCase(f"sparse_mla_decode V4.1 (528+{cache.KV_LAYOUTS[extra_layout]})",
+                   f"{preset} B={batch} H={heads} {SLIDING_WINDOW}+{compressed}", batch,
+                   flops=4 * batch * heads * MODEL1_HEAD_DIM * entries,
+                   bytes_moved=batch * (record_bytes + 4 * entries + 4 * heads * MODEL1_HEAD_DIM), run=run)
+
+
 def prefill_case(tokens: int, heads: int, topk: int) -> GpuCase:
     kv_rows = 2 * tokens
     kv = (torch.randn(kv_rows, 1, MODEL1_HEAD_DIM, device="cuda") * KV_SPREAD).bfloat16()
@@ -205,6 +238,8 @@ def cases(quick: bool) -> list[GpuCase]:
         *(decode_case(b, *FLASH, "V4-Flash") for b in batches),
         *(decode_case(b, *PRO, "V4-Pro") for b in pro_batches),
         *(decode_case(b, TP_LOCAL_HEADS, FLASH[1], "V4-Flash TP4") for b in ((128,) if quick else (128, 512))),
+        *(v41_decode_case(b, *FLASH, "v41_fp4", "V4.1-Flash") for b in batches),
+        *(v41_decode_case(b, *FLASH, "v41_fp8", "V4.1-Flash") for b in ((128,) if quick else (128, 256, 512))),
         prefill_case(512 if quick else 4096, FLASH[0], SLIDING_WINDOW + FLASH[1]),
         prefill_case(512 if quick else 4096, PRO[0], SLIDING_WINDOW + PRO[1]),
         *fp8_prefill_cases(512 if quick else 4096, *FLASH),

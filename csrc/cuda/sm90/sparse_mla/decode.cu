@@ -1,11 +1,13 @@
-// Hopper tier of the MODEL1 sparse decode, warp-specialised: a CTA attends 64 heads of one query over its schedule
-// partition in tiles of 64 entries (one schedule block), with one job per warpgroup. The scorer (warpgroup 0) runs
-// S = Q K^T, the online softmax and O += P V for output dims 0-255 on wgmma, and hands P and the row rescale factors
-// to the valuer (warpgroup 1) through shared memory; the valuer runs O += P V for dims 256-511 and also publishes
-// each tile's entry addresses several tiles ahead (the index values travel further ahead through a shared-memory
-// ring, so no thread waits on an index load); two decoders (warpgroups 2 and 3, half of every tile each) load a
-// tile's codes straight into registers before its buffer (two K/V tiles alternate) is free and then write it as
-// bf16. Full tiles and P are handed over with named barriers, empty buffers and the address ring with mbarriers.
+// Hopper tier of the MODEL1 and DeepSeek-V4.1 sparse decode, warp-specialised: a CTA attends 64 heads of one query
+// over its schedule partition in tiles of 64 entries (one schedule block), with one job per warpgroup. The scorer
+// (warpgroup 0) runs S = Q K^T, the online softmax and O += P V for output dims 0-255 on wgmma, and hands P and the
+// row rescale factors to the valuer (warpgroup 1) through shared memory; the valuer runs O += P V for dims 256-511
+// and also publishes each tile's entry addresses several tiles ahead (the index values travel further ahead through a
+// shared-memory ring, so no thread waits on an index load); two decoders (warpgroups 2 and 3, half of every tile
+// each) load a tile's codes straight into registers before its buffer (two K/V tiles alternate) is free and then
+// write it as bf16 (MODEL1: e4m3 nope codes and bf16 RoPE values; V4.1: an fp8 main set, e4m3 codes under UE8M0
+// scales, with an fp8 or fp4 extra set, e2m1 codes under e4m3 scales, in either placement). Full tiles and P are
+// handed over with named barriers, empty buffers and the address ring with mbarriers.
 // Each request's q tile arrives by tensor copies (TMA) that one scorer thread issues under the previous request's
 // last tile.
 // The MODEL1-shaped bf16 sparse prefill runs on the same kernel: each query token is a request whose entries are
@@ -44,6 +46,10 @@ struct RoleRegs {
   static_assert(kScorer + kValuer + 2 * kDecoder <= 4 * 128,
                 "setmaxnreg.inc waits for registers the decoders released: never more than the CTA holds");
 };
+// The records a kernel's decoders turn into bf16 tiles: MODEL1, or V4.1 (a 528-byte fp8 main set, an fp8 or fp4
+// extra set: each tile's address stage says which, see stage_kind). Only the decoders and the addresses differ.
+enum class Record { model1, v41 };
+
 // Named barriers (0 is __syncthreads): buffer b full = 1 + b (decoders -> scorer; its first half where the buffer
 // fills in halves), its second half full = 3 + b, P of buffer b ready = 5 + b (scorer -> valuer), the scorer's own,
 // the valuer's own, the staged output rows (scorer and valuer). Buffer b empty (scorer and valuer -> decoders) is
@@ -98,7 +104,8 @@ constexpr int kMbarOffset = kMetaOffset + int(kDecodeSchedWords) * 4;
 constexpr int kEmptyMbarOffset = kMbarOffset + 2 * kPtrStages * 8;
 constexpr int kQMbarOffset = kEmptyMbarOffset + 4 * 8;
 constexpr int kSinkOffset = kQMbarOffset + 8;  // the CTA's 64 heads' sink logits (see copy_sinks)
-constexpr int kSmemBytes = kSinkOffset + kHeadsPerCta * 4 + kSwizzleAtomBytes;  // + alignment slack
+constexpr int kKindOffset = kSinkOffset + kHeadsPerCta * 4;  // per address stage: its tile's record (V4.1)
+constexpr int kSmemBytes = kKindOffset + 16 + kSwizzleAtomBytes;  // + alignment slack
 static_assert(kProbsOffset % 16 == 0 && kPtrOffset % 16 == 0 && kValidOffset % 8 == 0 && kMbarOffset % 8 == 0,
               "aligned handover, addresses and barriers");
 static_assert(kSmemBytes <= 227 * 1024, "fits the opt-in shared memory of one CTA");
@@ -400,6 +407,7 @@ struct EntrySource {
   const uint8_t* scales;
 };
 
+template <Record kRec>
 DSV4_SM90_DEVICE EntrySource entry_source(const SparseMlaDecodeParams& p, const uint8_t* index_slot,
                                           const uint8_t* flag_slot, int e) {
   const uint8_t flag = flag_slot[e];
@@ -415,6 +423,11 @@ DSV4_SM90_DEVICE EntrySource entry_source(const SparseMlaDecodeParams& p, const 
     block = slot / cache.block_size;
   }
   const int64_t offset = slot - block * cache.block_size;
+  if constexpr (kRec == Record::v41) {  // the set's record (the main set's is fp8) in the cache's placement
+    const KvLayout layout = (flag & kFlagExtra) ? p.extra.layout : KvLayout::v41_fp8;
+    const EntryBytes bytes = entry_bytes(layout, cache, cache.base + block * cache.block_stride, offset);
+    return {bytes.data, bytes.scales};
+  }
   const uint8_t* page = cache.base + block * cache.block_stride;
   return {page + offset * kEntryDataBytes, page + cache.block_size * kEntryDataBytes + offset * kEntryScaleBytes};
 }
@@ -438,12 +451,19 @@ DSV4_SM90_DEVICE EntrySource* ptr_stage(uint8_t* smem, int stage) {
   return reinterpret_cast<EntrySource*>(smem + kPtrOffset + stage * kTile * int(sizeof(EntrySource)));
 }
 
+// Address stage s's record kind (V4.1): nonzero where its tile holds fp4 entries (an fp4 extra set's tile). Written
+// with the stage's addresses by the valuer's thread 0, read by the decoders past the stage's full barrier.
+DSV4_SM90_DEVICE uint8_t* stage_kind(uint8_t* smem, int stage) { return smem + kKindOffset + stage; }
+
 DSV4_SM90_DEVICE uint8_t* index_slot(uint8_t* smem, int slot) { return smem + kIndexOffset + slot * kTile * 8; }
 DSV4_SM90_DEVICE uint8_t* flag_slot(uint8_t* smem, int slot) { return smem + kIndexFlagOffset + slot * kTile; }
 
-// One decoder thread's codes of one entry: its nope items (part + 4 k) and the entry's eight scale bytes.
-struct EntryCodes {
-  uint4 nope[kDecodeItems];
+// One decoder thread's codes of one entry: its e4m3 items (part + 4 k) and one scale byte per item (MODEL1: the
+// entry's eight scale bytes, the eighth padding).
+template <int kItemCount>
+struct E4m3Codes {
+  static constexpr int kItems = kItemCount;
+  uint4 nope[kItems];
   uint2 scales;
 
   DSV4_SM90_DEVICE uint32_t scale_byte(int k) const { return ((k < 4 ? scales.x : scales.y) >> (8 * (k % 4))) & 0xffu; }
@@ -461,6 +481,8 @@ DSV4_SM90_DEVICE uint4 load_16(const uint8_t* src, bool aligned) {
   const uint2 lo = __ldg(reinterpret_cast<const uint2*>(src)), hi = __ldg(reinterpret_cast<const uint2*>(src + 8));
   return make_uint4(lo.x, lo.y, hi.x, hi.y);
 }
+
+using EntryCodes = E4m3Codes<kDecodeItems>;
 
 DSV4_SM90_DEVICE void load_entry(const EntrySource& src, int part, EntryCodes& c) {
   if (src.data == nullptr) return;
@@ -520,11 +542,10 @@ DSV4_SM90_DEVICE void copy_row(const uint8_t* data, int e, int part, uint8_t* ti
   }
 }
 
-// store_entry's rare route (an e4m3 NaN code, a large scale or an invalid entry), out of line: inlined, its code
-// sat inside the decoders' tile loop and the instruction fetch paid for it every tile. The codes come by value, in
-// registers (by reference they went to the stack on the common route too).
-__noinline__ __device__ void store_entry_exact(const EntryCodes c, bool ok, int e, int part, uint8_t* tile) {
-  for (int k = 0; k < kDecodeItems; ++k) {
+// The exact route of a share (decode_nope_16 per item; zeros for an invalid entry).
+template <typename Codes>
+DSV4_SM90_DEVICE void store_exact_items(const Codes& c, bool ok, int e, int part, uint8_t* tile) {
+  for (int k = 0; k < Codes::kItems; ++k) {
     const int item = part + kDecodeThreadsPerEntry * k;
     uint4 first = make_uint4(0, 0, 0, 0), second = first;
     if (ok) decode_nope_16(c.nope[k], uint8_t(c.scale_byte(k)), first, second);
@@ -533,30 +554,152 @@ __noinline__ __device__ void store_entry_exact(const EntryCodes c, bool ok, int 
   }
 }
 
+// store_entry's rare route (an e4m3 NaN code, a large scale or an invalid entry), out of line: inlined, its code
+// sat inside the decoders' tile loop and the instruction fetch paid for it every tile. The codes come by value, in
+// registers (by reference they went to the stack on the common route too).
+__noinline__ __device__ void store_entry_exact(const EntryCodes c, bool ok, int e, int part, uint8_t* tile) {
+  store_exact_items(c, ok, e, part, tile);
+}
+
+// Whether every item of this thread's share takes the direct route (a valid entry, no NaN code, no large scale).
+template <typename Codes>
+DSV4_SM90_DEVICE bool decodes_share_directly(const Codes& c, bool ok) {
+  uint32_t scales[Codes::kItems];
+#pragma unroll
+  for (int k = 0; k < Codes::kItems; ++k) scales[k] = c.scale_byte(k);
+  bool direct = ok;
+#pragma unroll
+  for (int k = 0; k < Codes::kItems; ++k) direct = direct && decodes_directly(c.nope[k], scales[k]);
+  return direct;
+}
+
+// The direct route of this thread's items of entry e (item part + 4 k under scale byte k).
+template <typename Codes>
+DSV4_SM90_DEVICE void store_direct(const Codes& c, int e, int part, uint8_t* tile) {
+  // Each scale byte plus the bias, four at a time: every used byte is at most kMaxDirectScale here, so no add
+  // carries into a neighbour (MODEL1's eighth byte, padding, may overflow out of the word).
+  const uint32_t biased[2] = {c.scales.x + 0x01010101u * kBiasShift, c.scales.y + 0x01010101u * kBiasShift};
+#pragma unroll
+  for (int k = 0; k < Codes::kItems; ++k) {
+    const int item = part + kDecodeThreadsPerEntry * k;
+    uint4 first, second;
+    decode_nope_16_factor(c.nope[k], direct_factor(biased[k / 4], k % 4), first, second);
+    *reinterpret_cast<uint4*>(tile + tile_offset(e, 2 * item)) = first;
+    *reinterpret_cast<uint4*>(tile + tile_offset(e, 2 * item + 1)) = second;
+  }
+}
+
 // Writes this thread's nope items of entry e as bf16 (part + 4 k, scale byte k). Invalid entries become zero rows
 // (0 * NaN would poison P V); the common case (every item on the direct route) runs straight through.
 DSV4_SM90_DEVICE void store_entry(const EntryCodes& c, bool ok, int e, int part, uint8_t* tile) {
-  uint32_t scales[kDecodeItems];
-#pragma unroll
-  for (int k = 0; k < kDecodeItems; ++k) scales[k] = c.scale_byte(k);
-  bool direct = ok;
-#pragma unroll
-  for (int k = 0; k < kDecodeItems; ++k) direct = direct && decodes_directly(c.nope[k], scales[k]);
-  if (direct) {
-    // Each scale byte plus the bias, four at a time: every used byte is at most kMaxDirectScale here, so no add
-    // carries into a neighbour (the eighth byte, padding, may overflow out of the word).
-    const uint32_t biased[2] = {c.scales.x + 0x01010101u * kBiasShift, c.scales.y + 0x01010101u * kBiasShift};
-#pragma unroll
-    for (int k = 0; k < kDecodeItems; ++k) {
-      const int item = part + kDecodeThreadsPerEntry * k;
-      uint4 first, second;
-      decode_nope_16_factor(c.nope[k], direct_factor(biased[k / 4], k % 4), first, second);
-      *reinterpret_cast<uint4*>(tile + tile_offset(e, 2 * item)) = first;
-      *reinterpret_cast<uint4*>(tile + tile_offset(e, 2 * item + 1)) = second;
-    }
+  if (decodes_share_directly(c, ok)) {
+    store_direct(c, e, part, tile);
   } else {
     store_entry_exact(c, ok, e, part, tile);
   }
+}
+
+// ---- V4.1 decoders: each thread takes items part + 4 k (16 dims each) of its entry, as MODEL1's, so that a
+// quarter warp's 16-byte stores of one item step hit eight distinct chunk columns of the swizzled rows ----
+constexpr int kV41ThreadItems = kV41Items / kDecodeThreadsPerEntry;
+
+// 8 bytes of an entry (fp4 codes, pages 8-byte aligned); the L2 fetches the 256 bytes around them.
+DSV4_SM90_DEVICE uint2 load_8(const uint8_t* src) {
+  uint2 v;
+  asm volatile("ld.global.nc.L2::256B.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(src));
+  return v;
+}
+
+// load_16 for V4.1: its 8-byte route also by asm volatile loads, which the compiler neither speculates nor merges
+// across the fp8 and fp4 tiles' branches (merged loads stayed live through both and spilled).
+DSV4_SM90_DEVICE uint4 load_16_v41(const uint8_t* src, bool aligned) {
+  if (aligned) return load_16(src, true);
+  const uint2 lo = load_8(src), hi = load_8(src + 8);
+  return make_uint4(lo.x, lo.y, hi.x, hi.y);
+}
+
+// One decoder thread's share of a V4.1 entry, either record in the same registers, so that the fp8 and fp4 tiles'
+// paths join before the waits with one set of live values (two separate paths spilled): fp8: item k's 16 codes in
+// w[k] and its scale byte in byte k of (scales.x, scales.y); fp4: item k's 8 bytes of codes in w[k].x, .y and the
+// entry's scale word k (of 8) in w[k].z. An entry's scales sit 16-byte aligned exactly where its data does.
+struct V41Codes {
+  uint4 w[kV41ThreadItems];
+  uint2 scales;
+
+  DSV4_SM90_DEVICE void load_fp8(const EntrySource& src, int part) {
+    if (src.data == nullptr) return;
+    const bool aligned = reinterpret_cast<uintptr_t>(src.data) % kVectorBytes == 0;
+#pragma unroll
+    for (int k = 0; k < kV41ThreadItems; ++k)
+      w[k] = load_16_v41(src.data + (part + kDecodeThreadsPerEntry * k) * kVectorBytes, aligned);
+    scales = v41_fp8_item_scales(load_16_v41(src.scales, aligned), part);  // two registers held, not four
+  }
+
+  // An invalid entry's codes are zeros (its scales zero too, see store_fp4): its row is then zeros.
+  DSV4_SM90_DEVICE void load_fp4(const EntrySource& src, int part) {
+    if (src.data == nullptr) {
+#pragma unroll
+      for (int k = 0; k < kV41ThreadItems; ++k) w[k] = make_uint4(0, 0, 0, 0);
+      return;
+    }
+    const bool aligned = reinterpret_cast<uintptr_t>(src.data) % kVectorBytes == 0;
+#pragma unroll
+    for (int k = 0; k < kV41ThreadItems; ++k) {
+      const uint2 codes = load_8(src.data + (part + kDecodeThreadsPerEntry * k) * 8);
+      w[k].x = codes.x, w[k].y = codes.y;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint4 words = load_16_v41(src.scales + h * kVectorBytes, aligned);
+      w[4 * h].z = words.x, w[4 * h + 1].z = words.y, w[4 * h + 2].z = words.z, w[4 * h + 3].z = words.w;
+    }
+  }
+
+  // MODEL1's direct route with one scale byte per item (no NaN code, scale byte at most kMaxDirectScale), else its
+  // exact route, inlined: a call spilled the tile loop, by-value codes or not (and the codes stay in registers).
+  DSV4_SM90_DEVICE void store_fp8(bool ok, int e, int part, uint8_t* tile) const {
+    E4m3Codes<kV41ThreadItems> c;
+#pragma unroll
+    for (int k = 0; k < kV41ThreadItems; ++k) c.nope[k] = w[k];
+    c.scales = scales;
+    if (__builtin_expect(decodes_share_directly(c, ok), 1)) {
+      store_direct(c, e, part, tile);
+    } else {
+      store_exact_items(c, ok, e, part, tile);
+    }
+  }
+
+  // One route for every entry: decode_e2m1_16 is exact for every code and finite scale, a NaN scale's factor is NaN
+  // (its 16 values NaN, as the portable tier's) and an invalid entry's zero.
+  DSV4_SM90_DEVICE void store_fp4(bool ok, int e, int part, uint8_t* tile) const {
+    const uint4 raw[2] = {make_uint4(w[0].z, w[1].z, w[2].z, w[3].z), make_uint4(w[4].z, w[5].z, w[6].z, w[7].z)};
+    const uint2 item_scales = v41_fp4_item_scales(raw, part);
+    uint32_t factors[4];  // item k's scale: half k % 2 of factors[k / 2]
+    e4m3x4_scales_to_bf16(item_scales.x, factors[0], factors[1]);
+    e4m3x4_scales_to_bf16(item_scales.y, factors[2], factors[3]);
+#pragma unroll
+    for (int k = 0; k < kV41ThreadItems; ++k) {
+      const int item = part + kDecodeThreadsPerEntry * k;
+      uint4 first, second;
+      decode_e2m1_16(make_uint2(w[k].x, w[k].y), ok ? bf16_broadcast(factors[k / 2], k % 2) : 0u, first, second);
+      *reinterpret_cast<uint4*>(tile + tile_offset(e, 2 * item)) = first;
+      *reinterpret_cast<uint4*>(tile + tile_offset(e, 2 * item + 1)) = second;
+    }
+  }
+};
+
+// prefetch_next_entry for V4.1 (the stage's record gives the entry's size): fp8 data in four 128-byte steps, fp4 in
+// two, each with the line of its last byte (entries need not start on a line), and the scales.
+DSV4_SM90_DEVICE void prefetch_next_v41_entry(uint8_t* smem, int64_t x, int e, int part) {
+  constexpr int kLineBytes = 128;
+  const int stage = int(x % kPtrStages);
+  if (!mbarrier_ready(ptr_full_bar(smem, stage), uint32_t(x / kPtrStages) & 1u)) return;
+  const EntrySource src = ptr_stage(smem, stage)[e];
+  if (src.data == nullptr) return;
+  const int data_bytes = *stage_kind(smem, stage) ? kV41Fp4DataBytes : kV41Fp8DataBytes;
+  if (part * kLineBytes < data_bytes) prefetch_l2(src.data + part * kLineBytes);
+  if (part == 3) prefetch_l2(src.data + data_bytes - 1);
+  if (part == 1) prefetch_l2(src.scales);
 }
 
 // The cursors of the index copies: slot k % kCursorSlots holds the cursor at tile k. The valuer's start writes
@@ -574,6 +717,51 @@ DSV4_SM90_DEVICE void walk_cursor(const SparseMlaDecodeParams& p, const int32_t*
   *cursor_slot(smem, g + kWalkAhead) = c;
 }
 
+// This decoder's half of the valid-entry mask of buffer `buffer`: lanes 0, 4, .. 28 of warp w hold entries
+// 32 d + 8 w .. + 7, whose valid bits form byte 4 d + w.
+DSV4_SM90_DEVICE void write_valid_bits(bool ok, int d, int t, int part, int buffer, uint8_t* smem) {
+  const uint32_t mask = __ballot_sync(0xffffffffu, ok && part == 0);
+  if (t % 32 == 0) {
+    uint32_t bits = 0;
+    for (int j = 0; j < 8; ++j) bits |= ((mask >> (kDecodeThreadsPerEntry * j)) & 1u) << j;
+    smem[kValidOffset + 8 * buffer + 4 * d + t / 32] = uint8_t(bits);
+  }
+}
+
+// One V4.1 tile g of a decoder (see decode_role): load this thread's codes of its entry, prefetch the next tile's,
+// free the address stage, wait for the buffer, write the valid bits and the bf16 rows (no RoPE copies: every dim
+// is a code) and hand the tile over.
+DSV4_SM90_DEVICE void decode_v41_tile(const SparseMlaDecodeParams& p, const int32_t* meta, const EntrySource& src,
+                                      int64_t g, int64_t total, int d, int t, uint8_t* smem) {
+  const int part = t % kDecodeThreadsPerEntry, e = kDecodeHalfEntries * d + t / kDecodeThreadsPerEntry;
+  const int stage = int(g % kPtrStages), buffer = int(g % 2);
+  uint8_t* tile = smem + kKvOffset + buffer * kTileBytes;
+  const bool fp4 = *stage_kind(smem, stage);  // uniform
+  V41Codes codes;
+  if (fp4) {
+    codes.load_fp4(src, part);
+  } else {
+    codes.load_fp8(src, part);
+  }
+  if (g + 1 < total) prefetch_next_v41_entry(smem, g + 1, e, part);
+  const bool walker = d == 1 && t == 0;
+  if (!walker) mbarrier_arrive(ptr_free_bar(smem, stage));
+  if (g >= 2) mbarrier_wait(empty_bar(smem, buffer), uint32_t(g / 2 - 1) & 1u);
+  const bool ok = src.data != nullptr;
+  write_valid_bits(ok, d, t, part, buffer, smem);
+  if (fp4) {
+    codes.store_fp4(ok, e, part, tile);
+  } else {
+    codes.store_fp8(ok, e, part, tile);
+  }
+  fence_async_shared();
+  named_arrive(kBarFull + buffer, kFullThreads);
+  if (walker) {
+    walk_cursor(p, meta, smem, g);
+    mbarrier_arrive(ptr_free_bar(smem, stage));
+  }
+}
+
 // Decoder warpgroup d (0 or 1) writes entries 32 d .. 32 d + 31 of every tile: it reads the tile's entry addresses
 // and loads the codes of its share into registers, then waits for the tile's buffer (g % 2) to be empty, copies
 // the RoPE chunks (no conversion: cp.async), writes the bf16 rows and its half of the valid mask and hands the tile
@@ -581,7 +769,7 @@ DSV4_SM90_DEVICE void walk_cursor(const SparseMlaDecodeParams& p, const int32_t*
 // the tile's mask. kBf16Rows: the entries are bf16 rows (prefill), copied by cp.async in two halves, each handed
 // over once it has landed (the scorer's S starts on the first half; measured 3.5-4.5% faster:
 // docs/perf/2026-12-01-gpu-22-kv-buffers-in-halves.md, "the bf16 prefill's K/V buffers fill in halves").
-template <bool kBf16Rows>
+template <bool kBf16Rows, Record kRec>
 DSV4_SM90_DEVICE void decode_role(const SparseMlaDecodeParams& p, const int32_t* meta, int d, uint8_t* smem) {
   const int t = threadIdx.x % kGroupThreads, part = t % kDecodeThreadsPerEntry;
   const int e = kDecodeHalfEntries * d + t / kDecodeThreadsPerEntry;
@@ -596,6 +784,10 @@ DSV4_SM90_DEVICE void decode_role(const SparseMlaDecodeParams& p, const int32_t*
     uint8_t* tile = smem + kKvOffset + buffer * kTileBytes;
     mbarrier_wait(ptr_full_bar(smem, stage), uint32_t(g / kPtrStages) & 1u);
     const EntrySource src = ptr_stage(smem, stage)[e];
+    if constexpr (kRec == Record::v41) {
+      decode_v41_tile(p, meta, src, g, total, d, t, smem);
+      continue;
+    }
     EntryCodes codes;
     if constexpr (!kBf16Rows) load_entry(src, part, codes);
     if (!kBf16Rows && g + 1 < total) prefetch_next_entry(smem, g + 1, e, part);
@@ -613,12 +805,7 @@ DSV4_SM90_DEVICE void decode_role(const SparseMlaDecodeParams& p, const int32_t*
     }
     cp_async_commit();
     const bool ok = src.data != nullptr;
-    const uint32_t mask = __ballot_sync(0xffffffffu, ok && part == 0);
-    if (t % 32 == 0) {
-      uint32_t bits = 0;
-      for (int j = 0; j < 8; ++j) bits |= ((mask >> (kDecodeThreadsPerEntry * j)) & 1u) << j;
-      smem[kValidOffset + 8 * buffer + 4 * d + t / 32] = uint8_t(bits);
-    }
+    write_valid_bits(ok, d, t, part, buffer, smem);
     if constexpr (kBf16Rows) {  // the first half's copies have landed: S can start on it
       cp_async_wait_group<1>();
       fence_async_shared();
@@ -639,6 +826,7 @@ DSV4_SM90_DEVICE void decode_role(const SparseMlaDecodeParams& p, const int32_t*
 // The valuer's publishing side: publish(x) writes tile x's entry addresses into address stage x % kPtrStages (once
 // the decoders freed it) and starts copying the index values of tile x + kIndexLead into the index ring. Tiles past
 // the partition's last are not published (nobody reads them).
+template <Record kRec>
 struct Publisher {
   int64_t s, total;
   uint8_t* smem;
@@ -693,7 +881,9 @@ struct Publisher {
     cp_async_wait_group<kIndexLead - 1>();  // the group that carried tile x's indices
     __syncwarp();
     if (part == 0)
-      ptr_stage(smem, stage)[e] = entry_source(p, index_slot(smem, slot), flag_slot(smem, slot), e);
+      ptr_stage(smem, stage)[e] = entry_source<kRec>(p, index_slot(smem, slot), flag_slot(smem, slot), e);
+    if (kRec == Record::v41 && threadIdx.x % kGroupThreads == 0)  // entry 0 is in every tile of its set
+      *stage_kind(smem, stage) = (flag_slot(smem, slot)[0] & kFlagExtra) && p.extra.layout == KvLayout::v41_fp4;
     copy_index(p, *cursor_slot(smem, x + kIndexLead), x + kIndexLead);
     cp_async_commit();
     mbarrier_arrive(ptr_full_bar(smem, stage));
@@ -984,12 +1174,12 @@ DSV4_SM90_DEVICE void score_role(const SparseMlaDecodeParams& p, const int32_t* 
 
 // Valuer warpgroup: keeps the published entry addresses kPublishLead tiles ahead; per tile takes P and the rescale
 // factors from the scorer and runs O += P V for dims 256-511. kHalves: the K/V buffers fill in halves.
-template <bool kHalves, bool kWide>
+template <bool kHalves, bool kWide, Record kRec>
 DSV4_SM90_DEVICE void value_role(const SparseMlaDecodeParams& p, const int32_t* meta, int64_t s, uint8_t* smem) {
   const uint32_t kv_base = shared_address(smem + kKvOffset);
   const int t = threadIdx.x % kGroupThreads, row_group = t / 32, lane = t % 32;
   const int64_t head0 = int64_t(blockIdx.x) * kHeadsPerCta;
-  Publisher publisher{s, 0, smem, t / kPublishThreadsPerEntry, t % kPublishThreadsPerEntry};
+  Publisher<kRec> publisher{s, 0, smem, t / kPublishThreadsPerEntry, t % kPublishThreadsPerEntry};
   publisher.start(p, meta);
   const int64_t first = meta[0] < 0 ? 0 : meta[0], last = meta[1] < p.b ? meta[1] : p.b - 1;
   int64_t g = 0;
@@ -1040,7 +1230,8 @@ DSV4_SM90_DEVICE int32_t whole_requests_word(const SparseMlaDecodeParams& p, int
 // Grid (head groups, s_q, num_parts): CTA (x, s, z) attends heads [64x, 64x + 64) of query s of every request
 // piece in schedule partition z. Warpgroup 0 scores, 1 values and publishes addresses, 2 and 3 decode.
 // kBf16Rows: the main cache holds bf16 rows (one per page), the sparse prefill's layout. kWideValuer: see RoleRegs.
-template <bool kBf16Rows, bool kWideValuer>
+// kRec: the caches' records (kBf16Rows: model1).
+template <bool kBf16Rows, bool kWideValuer, Record kRec>
 __global__ void __launch_bounds__(kCtaThreads, 1)
     sparse_mla_decode_sm90_kernel(const SparseMlaDecodeParams p, const __grid_constant__ CUtensorMap q_map,
                                   bool q_tensor, float* max_logits) {
@@ -1067,13 +1258,13 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
   using Regs = RoleRegs<kWideValuer>;
   if (role >= kDecoder) {
     lower_registers<Regs::kDecoder>();
-    decode_role<kBf16Rows>(p, meta, role - kDecoder, smem);
+    decode_role<kBf16Rows, kRec>(p, meta, role - kDecoder, smem);
   } else if (role == kScorer) {
     raise_registers<Regs::kScorer>();
     score_role<kBf16Rows>(p, meta, blockIdx.y, q_tensor ? &q_map : nullptr, max_logits, smem);
   } else {
     raise_registers<Regs::kValuer>();
-    value_role<kBf16Rows, kWideValuer>(p, meta, blockIdx.y, smem);
+    value_role<kBf16Rows, kWideValuer, kRec>(p, meta, blockIdx.y, smem);
   }
 }
 
@@ -1085,9 +1276,16 @@ bool cache_is_aligned(const SparseIndexSet& set) {
   return pages_aligned(set.cache, kPieceAlign);
 }
 
+// The records the decoders take: MODEL1 (page-split), or a V4.1 fp8 main set with an fp8 or fp4 extra set (either
+// placement; entry_source follows each cache's).
+bool records_covered(const SparseMlaDecodeParams& p) {
+  if (p.main.layout == KvLayout::model1) return !p.extra.indices || p.extra.layout == KvLayout::model1;
+  return p.main.layout == KvLayout::v41_fp8 &&
+         (!p.extra.indices || p.extra.layout == KvLayout::v41_fp8 || p.extra.layout == KvLayout::v41_fp4);
+}
+
 bool covered(const SparseMlaDecodeParams& p) {
-  return p.main.layout == KvLayout::model1 && (!p.extra.indices || p.extra.layout == KvLayout::model1) &&
-         p.d_qk == kDim && p.d_v == kDim && p.s_q <= kMaxGridYZ &&
+  return records_covered(p) && p.d_qk == kDim && p.d_v == kDim && p.s_q <= kMaxGridYZ &&
          p.sched.num_parts >= 1 && p.sched.num_parts <= kMaxGridYZ && cache_is_aligned(p.main) &&
          cache_is_aligned(p.extra);
 }
@@ -1163,9 +1361,9 @@ bool q_tensor_map(const SparseMlaDecodeParams& p, CUtensorMap& map) {
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <bool kBf16Rows, bool kWideValuer>
+template <bool kBf16Rows, bool kWideValuer, Record kRec = Record::model1>
 cudaError_t launch_attention(const SparseMlaDecodeParams& p, float* max_logits, cudaStream_t stream) {
-  const auto kernel = sparse_mla_decode_sm90_kernel<kBf16Rows, kWideValuer>;
+  const auto kernel = sparse_mla_decode_sm90_kernel<kBf16Rows, kWideValuer, kRec>;
   const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (attr != cudaSuccess) return attr;
   CUtensorMap q_map{};
@@ -1190,8 +1388,14 @@ cudaError_t launch_sparse_mla_decode_sm90(const SparseMlaDecodeParams& p, cudaSt
   }
   // More requests than partitions: CTAs finish several pieces, whose rows the wide valuer stores faster (RoleRegs).
   const SparseMlaDecodeParams k = kernel_params(p);
-  const cudaError_t launched = k.b > k.sched.num_parts ? launch_attention<false, true>(k, nullptr, stream)
-                                                       : launch_attention<false, false>(k, nullptr, stream);
+  const bool wide = k.b > k.sched.num_parts;
+  cudaError_t launched;
+  if (k.main.layout == KvLayout::v41_fp8) {  // one shape: the V4.1 decoders need their 72 registers (RoleRegs)
+    launched = launch_attention<false, false, Record::v41>(k, nullptr, stream);
+  } else {
+    launched = wide ? launch_attention<false, true>(k, nullptr, stream)
+                    : launch_attention<false, false>(k, nullptr, stream);
+  }
   if (launched != cudaSuccess) return launched;
   return launch_decode_combine(p, stream, true);
 }

@@ -1,8 +1,10 @@
 // Pieces of the Hopper sparse decode: the q tile's 128-byte-swizzled layout for wgmma, a request's attended index
-// sets, and the exact e4m3 -> bf16 decode of MODEL1 nope codes.
+// sets, the exact e4m3 -> bf16 decode of MODEL1 nope codes and of V4.1 fp8 codes, and the exact e2m1 -> bf16 decode
+// of V4.1 fp4 codes.
 #pragma once
 #include <cstdint>
 
+#include "common/cache_layouts.h"
 #include "common/decode_schedule.h"
 #include "common/params.h"
 #include "cuda/sm90/warp_mma.cuh"
@@ -106,6 +108,71 @@ DSV4_SM90_DEVICE void decode_nope_16(uint4 codes, uint8_t scale_byte, uint4& fir
     float lo, hi;
     e4m3x2_to_f32(uint16_t(words[i / 2] >> (16 * (i % 2))), lo, hi);
     out[i] = pack_bf16x2(lo * scale, hi * scale);
+  }
+  first = make_uint4(out[0], out[1], out[2], out[3]);
+  second = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
+// ---- V4.1 records: all 512 dims are codes (no bf16 RoPE values), decoded 16 dims (one item) at a time ----
+constexpr int kV41Items = kV41HeadDim / 16;  // items of an entry; a decoder thread takes items part + 4 k
+
+// The scale bytes of a decoder thread's fp8 items, byte k of the pair for item part + 4 k: scale (part + 4 k) / 2
+// = (part >> 1) + 2 k of the entry's 16, i.e. bytes (part >> 1) and (part >> 1) + 2 of each word.
+DSV4_SM90_DEVICE uint2 v41_fp8_item_scales(uint4 scales, int part) {
+  const uint32_t selector = 0x6420u + 0x1111u * uint32_t(part >> 1);
+  return make_uint2(__byte_perm(scales.x, scales.y, selector), __byte_perm(scales.z, scales.w, selector));
+}
+
+// The scale bytes of a decoder thread's fp4 items, byte k of the pair for item part + 4 k: byte `part` of each of
+// the entry's eight scale words.
+DSV4_SM90_DEVICE uint2 v41_fp4_item_scales(const uint4 (&scales)[2], int part) {
+  const uint32_t pick = uint32_t(part) | uint32_t(part + 4) << 4;  // byte `part` of either word into bytes 0, 1
+  const uint32_t a = __byte_perm(scales[0].x, scales[0].y, pick), b = __byte_perm(scales[0].z, scales[0].w, pick);
+  const uint32_t c = __byte_perm(scales[1].x, scales[1].y, pick), d = __byte_perm(scales[1].z, scales[1].w, pick);
+  return make_uint2(__byte_perm(a, b, 0x5410), __byte_perm(c, d, 0x5410));
+}
+
+// Four non-NaN e4m3 scales -> their exact bf16 values (lo: bytes 0, 1; hi: bytes 2, 3), subnormal e4m3 and zero
+// included: the biased decode (value * 2^-120) times 2^120, exact.
+DSV4_SM90_DEVICE void e4m3x4_to_bf16(uint32_t scales, uint32_t& lo, uint32_t& hi) {
+  constexpr uint32_t kTwoTo120 = 0x7b807b80u;
+  e4m3x4_to_bf16_biased(scales, lo, hi);
+  lo = mul_bf16x2(lo, kTwoTo120), hi = mul_bf16x2(hi, kTwoTo120);
+}
+
+// e4m3x4_to_bf16 for any four scale bytes: NaN (bf16 0x7fc0) where a byte is NaN, found per byte with the signs
+// cleared (low seven bits all ones: adding 1 sets bit 7, and no byte carries into the next).
+DSV4_SM90_DEVICE void e4m3x4_scales_to_bf16(uint32_t scales, uint32_t& lo, uint32_t& hi) {
+  constexpr uint32_t kNanPair = 0x7fc07fc0u;
+  e4m3x4_to_bf16(scales, lo, hi);
+  const uint32_t nan = (scales & 0x7f7f7f7fu) + 0x01010101u;
+  const uint32_t nan_lo = __byte_perm(nan, 0, 0x9988u), nan_hi = __byte_perm(nan, 0, 0xbbaau);  // bit 7 spread
+  lo = (lo & ~nan_lo) | (kNanPair & nan_lo), hi = (hi & ~nan_hi) | (kNanPair & nan_hi);
+}
+
+// Half h of a bf16x2 word in both halves.
+DSV4_SM90_DEVICE uint32_t bf16_broadcast(uint32_t pair, int h) { return __byte_perm(pair, 0, h ? 0x3232u : 0x1010u); }
+
+// The two e2m1 codes of byte `byte` of `codes` (dim 2i in the low nibble) -> bf16x2 of each code's value * 2^-126,
+// exactly: the magnitude (2 exponent bits, 1 mantissa bit) to bits 6-8 and the sign to bit 15 of its half (code 1,
+// 0.5, lands on the bf16 subnormal 2^-127). The multiplies place the byte's copies (b << 6, b << 18 for the
+// magnitudes, b << 12, b << 24 for the signs) where they never overlap, so no carries.
+DSV4_SM90_DEVICE uint32_t e2m1x2_to_bf16_tiny(uint32_t codes, int byte) {
+  const uint32_t b = __byte_perm(codes, 0, 0x4440u | uint32_t(byte));
+  return ((b * 0x40040u) & 0x01c001c0u) | ((b * 0x1001000u) & 0x80008000u);
+}
+
+// 16 e2m1 codes (8 bytes) under one finite e4m3 scale (its bf16 value in both halves of `scale`) -> two 16-byte
+// chunks of their bf16 values, exact: e2m1 x e4m3 has at most 5 significant bits and stays in bf16's normal range.
+// The code is first raised to its own value (times 2^126, exact); the product with the scale is then exact too
+// (scaling the tiny form by scale * 2^126 would overflow bf16 for scales of 4 and more).
+DSV4_SM90_DEVICE void decode_e2m1_16(uint2 codes, uint32_t scale, uint4& first, uint4& second) {
+  constexpr uint32_t kTwoTo126 = 0x7e807e80u;
+  const uint32_t words[2] = {codes.x, codes.y};
+  uint32_t out[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    out[i] = mul_bf16x2(mul_bf16x2(e2m1x2_to_bf16_tiny(words[i / 4], i % 4), kTwoTo126), scale);
   }
   first = make_uint4(out[0], out[1], out[2], out[3]);
   second = make_uint4(out[4], out[5], out[6], out[7]);
