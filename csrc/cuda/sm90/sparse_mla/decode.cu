@@ -1276,16 +1276,12 @@ bool cache_is_aligned(const SparseIndexSet& set) {
   return pages_aligned(set.cache, kPieceAlign);
 }
 
-// The records the decoders take: MODEL1 (page-split), or a V4.1 fp8 main set with an fp8 extra set (either
-// placement; entry_source follows each cache's). The fp4 decoders' tiles do not yet match the portable tier's on the
-// H200 (docs/perf/2026-12-02-gpu-26-hopper-v41-decode.md), so fp4 extra sets stay on the portable kernel.
-constexpr bool kFp4ExtraEnabled = false;
-
+// The records the decoders take: MODEL1 (page-split), or a V4.1 fp8 main set with an fp8 or fp4 extra set (either
+// placement; entry_source follows each cache's).
 bool records_covered(const SparseMlaDecodeParams& p) {
   if (p.main.layout == KvLayout::model1) return !p.extra.indices || p.extra.layout == KvLayout::model1;
   return p.main.layout == KvLayout::v41_fp8 &&
-         (!p.extra.indices || p.extra.layout == KvLayout::v41_fp8 ||
-          (kFp4ExtraEnabled && p.extra.layout == KvLayout::v41_fp4));
+         (!p.extra.indices || p.extra.layout == KvLayout::v41_fp8 || p.extra.layout == KvLayout::v41_fp4);
 }
 
 bool covered(const SparseMlaDecodeParams& p) {

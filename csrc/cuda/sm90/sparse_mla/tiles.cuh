@@ -141,12 +141,17 @@ DSV4_SM90_DEVICE void e4m3x4_to_bf16(uint32_t scales, uint32_t& lo, uint32_t& hi
 }
 
 // e4m3x4_to_bf16 for any four scale bytes: NaN (bf16 0x7fc0) where a byte is NaN, found per byte with the signs
-// cleared (low seven bits all ones: adding 1 sets bit 7, and no byte carries into the next).
+// cleared (low seven bits all ones: adding 1 sets bit 7, and no byte carries into the next). The masks spread each
+// byte's bit 7 over its half by prmt's sign-replicating selectors, in asm: __byte_perm clears bit 3 of every
+// selector nibble (selector & 0x7777), so through it the masks were the raw bytes and NaN scales stayed finite.
 DSV4_SM90_DEVICE void e4m3x4_scales_to_bf16(uint32_t scales, uint32_t& lo, uint32_t& hi) {
   constexpr uint32_t kNanPair = 0x7fc07fc0u;
+  constexpr uint32_t kSpreadLow = 0x9988, kSpreadHigh = 0xbbaa;  // signs of bytes (0, 0, 1, 1) and (2, 2, 3, 3)
   e4m3x4_to_bf16(scales, lo, hi);
   const uint32_t nan = (scales & 0x7f7f7f7fu) + 0x01010101u;
-  const uint32_t nan_lo = __byte_perm(nan, 0, 0x9988u), nan_hi = __byte_perm(nan, 0, 0xbbaau);  // bit 7 spread
+  uint32_t nan_lo, nan_hi;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(nan_lo) : "r"(nan), "n"(kSpreadLow));
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(nan_hi) : "r"(nan), "n"(kSpreadHigh));
   lo = (lo & ~nan_lo) | (kNanPair & nan_lo), hi = (hi & ~nan_hi) | (kNanPair & nan_hi);
 }
 
