@@ -75,6 +75,33 @@ def output_projection(layer, out: torch.Tensor, positions: torch.Tensor, timer) 
         return F.linear(low_rank.transpose(0, 1).reshape(tokens, -1), layer.wo_b)
 
 
+def global_slots(local: torch.Tensor, meta, compress_ratio: int, timer) -> torch.Tensor | None:
+    """Global slots of request-local compressed entries ``[T, n]`` through the compressed group's table (None for
+    n = 0)."""
+    if local.shape[1] == 0:
+        return None
+    with timer("map_local_to_global_slots"):
+        return ops.map_local_to_global_slots(local, meta.req_id_per_token, meta.block_table,
+                                             meta.block_size // compress_ratio)
+
+
+def attend(layer, q: torch.Tensor, step: StepMetadata, caches: LayerCaches, compressed: torch.Tensor | None,
+           timer) -> torch.Tensor:
+    """bf16 ``[T, H, 512]``: one softmax over the window (main set) and the ``compressed`` slots (extra set), in the
+    caches' records."""
+    swa = step.swa
+    window = torch.cat([swa.decode_swa_indices, swa.prefill_swa_indices])
+    window_lens = torch.cat([swa.decode_swa_lens, swa.prefill_swa_lens])
+    extra = {} if compressed is None else {
+        "extra_kv_cache": caches.compressed, "extra_indices": compressed.unsqueeze(1),
+        "extra_block_size": caches.compressed_block_size, "extra_layout": caches.compressed_layout}
+    with timer("sparse_mla_decode"):
+        out, _ = ops.sparse_mla_decode(q.unsqueeze(1), caches.swa, window, SWA_BLOCK_SIZE, topk_length=window_lens,
+                                       attn_sink=layer.attn_sink, sm_scale=layer.config.head_dim**-0.5,
+                                       layout=caches.window_layout, **extra)
+    return out[:, 0]
+
+
 def _buffers(module: torch.nn.Module, specs: dict[str, tuple[tuple[int, ...], torch.dtype]], device) -> None:
     for name, (shape, dtype) in specs.items():
         module.register_buffer(name, torch.empty(shape, dtype=dtype, device=device))
@@ -245,22 +272,7 @@ class DeepseekV4Attention(torch.nn.Module):
             local = self.topk_indices_buffer[: step.num_tokens, : min(self.config.index_topk, most_entries)]
         else:
             local = all_compressed_local_indices(step.positions, self.compress_ratio, most_entries)
-        if local.shape[1] == 0:
-            return None
-        with timer("map_local_to_global_slots"):
-            return ops.map_local_to_global_slots(local, meta.req_id_per_token, meta.block_table,
-                                                 meta.block_size // self.compress_ratio)
+        return global_slots(local, meta, self.compress_ratio, timer)
 
     def _attend(self, q, step: StepMetadata, caches: LayerCaches, timer) -> torch.Tensor:
-        """bf16 ``[T, H, 512]``: one softmax over the window (main set) and the compressed entries (extra set)."""
-        swa = step.swa
-        window = torch.cat([swa.decode_swa_indices, swa.prefill_swa_indices])
-        window_lens = torch.cat([swa.decode_swa_lens, swa.prefill_swa_lens])
-        compressed = self._compressed_slots(step, timer)
-        extra = {} if compressed is None else {
-            "extra_kv_cache": caches.compressed, "extra_indices": compressed.unsqueeze(1),
-            "extra_block_size": caches.compressed_block_size}
-        with timer("sparse_mla_decode"):
-            out, _ = ops.sparse_mla_decode(q.unsqueeze(1), caches.swa, window, SWA_BLOCK_SIZE, topk_length=window_lens,
-                                           attn_sink=self.attn_sink, sm_scale=self.config.head_dim**-0.5, **extra)
-        return out[:, 0]
+        return attend(self, q, step, caches, self._compressed_slots(step, timer), timer)

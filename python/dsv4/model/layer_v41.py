@@ -27,7 +27,15 @@ from ..rope import rope_cos_sin_cache
 from .attention_step import StepMetadata
 from .cache_manager import CacheGroup, LayerCaches
 from .config import DeepseekV4AttentionConfig
-from .layer import DeepseekV4Attention, _buffers, check_layer_inputs, output_projection, project_inputs
+from .layer import (
+    DeepseekV4Attention,
+    _buffers,
+    attend,
+    check_layer_inputs,
+    global_slots,
+    output_projection,
+    project_inputs,
+)
 from .timing import NULL_TIMER
 
 STATE_GROUP = {LayerType.C1A: CacheGroup.C1_STATE, LayerType.C2A: CacheGroup.C2_STATE}
@@ -266,23 +274,7 @@ class DeepseekV41Attention(torch.nn.Module):
         most_entries = meta.max_seq_len // self.compress_ratio
         local = self.selection_source.topk_indices_buffer[: step.num_tokens,
                                                           : min(self.config.index_topk, most_entries)]
-        if local.shape[1] == 0:
-            return None
-        with timer("map_local_to_global_slots"):
-            return ops.map_local_to_global_slots(local, meta.req_id_per_token, meta.block_table,
-                                                 meta.block_size // self.compress_ratio)
+        return global_slots(local, meta, self.compress_ratio, timer)
 
     def _attend(self, q, step: StepMetadata, caches: LayerCaches, timer) -> torch.Tensor:
-        """bf16 ``[T, H, 512]``: one softmax over the window (main set) and the selected entries (extra set)."""
-        swa = step.swa
-        window = torch.cat([swa.decode_swa_indices, swa.prefill_swa_indices])
-        window_lens = torch.cat([swa.decode_swa_lens, swa.prefill_swa_lens])
-        compressed = self._compressed_slots(step, timer)
-        extra = {} if compressed is None else {
-            "extra_kv_cache": caches.compressed, "extra_indices": compressed.unsqueeze(1),
-            "extra_block_size": caches.compressed_block_size, "extra_layout": caches.compressed_layout}
-        with timer("sparse_mla_decode"):
-            out, _ = ops.sparse_mla_decode(q.unsqueeze(1), caches.swa, window, SWA_BLOCK_SIZE, topk_length=window_lens,
-                                           attn_sink=self.attn_sink, sm_scale=self.config.head_dim**-0.5,
-                                           layout=caches.window_layout, **extra)
-        return out[:, 0]
+        return attend(self, q, step, caches, self._compressed_slots(step, timer), timer)

@@ -208,6 +208,14 @@ def fp8_mqa_logits_op(q, k, k_scale, weights, ks, ke, clean_logits):
     return fp8_mqa_logits(q, k, k_scale, weights, ks, ke, clean_logits)
 
 
+def rotated_query(q: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> torch.Tensor:
+    """fp32 q with RoPE on its last dims, those rounded to bf16 (the NoPE dims keep q's values): what both query
+    quantizations start from."""
+    rotated = apply_rope(q, positions, cos_sin_cache)
+    rope_dim = cos_sin_cache.shape[1]
+    return torch.cat([rotated[..., :-rope_dim], quant.round_bf16(rotated[..., -rope_dim:])], dim=-1)
+
+
 def indexer_q_rope_quant(
     q: torch.Tensor,
     positions: torch.Tensor,
@@ -221,9 +229,7 @@ def indexer_q_rope_quant(
     RoPE on the last 64 dims, rounded to bf16 (the NoPE half keeps q's values); per (t, h) scale
     ``2^ceil(log2(max(amax, 1e-4) / 448))``; ``weights_out = weights * scale * softmax_scale * head_scale``.
     """
-    rotated = apply_rope(q, positions, cos_sin_cache)
-    rope_dim = cos_sin_cache.shape[1]
-    values = torch.cat([rotated[..., :-rope_dim], quant.round_bf16(rotated[..., -rope_dim:])], dim=-1)
+    values = rotated_query(q, positions, cos_sin_cache)
     scale = quant.indexer_scale(values)
     q_fp8 = quant.encode_e4m3(values / scale.unsqueeze(-1)).view(torch.float8_e4m3fn)
     weights_out = weights.float() * scale * softmax_scale * head_scale
@@ -244,9 +250,7 @@ def indexer_q_rope_quant_mxfp4(
     packed by :func:`dsv4.reference.quant.mxfp4_pack` (the NoPE dims as given: bf16 and fp16 inputs are exact);
     ``weights_out = weights * softmax_scale * head_scale`` (the per-block scales travel with q).
     """
-    rotated = apply_rope(q, positions, cos_sin_cache)
-    rope_dim = cos_sin_cache.shape[1]
-    values = torch.cat([rotated[..., :-rope_dim], quant.round_bf16(rotated[..., -rope_dim:])], dim=-1)
+    values = rotated_query(q, positions, cos_sin_cache)
     codes, scales = quant.mxfp4_pack(values)
     return codes, scales, weights.float() * softmax_scale * head_scale
 
