@@ -60,7 +60,9 @@ def peer_ops(peer) -> SimpleNamespace:
 
     def sparse_mla_decode(q, kv_cache, indices, block_size, *, topk_length=None, attn_sink=None, extra_kv_cache=None,
                           extra_indices=None, extra_topk_length=None, extra_block_size=0, head_dim_v=512,
-                          sm_scale=None):
+                          sm_scale=None, layout="auto", extra_layout="auto"):
+        if {layout, extra_layout} - {"auto", "model1"}:  # vLLM's CPU kernel reads MODEL1 records only
+            raise ValueError(f"the vLLM peer decodes MODEL1 caches only, got {layout} / {extra_layout}")
         window = indices[:, 0].long()
         if topk_length is not None:  # vLLM has no lengths: entries past them become -1
             window = torch.where(torch.arange(window.shape[1]) < topk_length.long()[:, None], window, -1)
