@@ -102,6 +102,28 @@ def attend(layer, q: torch.Tensor, step: StepMetadata, caches: LayerCaches, comp
     return out[:, 0]
 
 
+def attention_buffers(layer: torch.nn.Module, config: DeepseekV4AttentionConfig, device) -> None:
+    """The weights every attention layer has: q/kv projections and norms, q up-projection, sinks, grouped output."""
+    heads, dim, groups = config.num_attention_heads, config.head_dim, config.o_groups
+    _buffers(layer, {
+        "wqa_wkv": ((config.q_lora_rank + dim, config.hidden_size), torch.bfloat16),
+        "q_norm": ((config.q_lora_rank,), torch.float32),
+        "kv_norm": ((dim,), torch.float32),
+        "wq_b": ((heads * dim, config.q_lora_rank), torch.bfloat16),
+        "attn_sink": ((heads,), torch.float32),
+        "wo_a": ((groups * config.o_lora_rank, heads // groups * dim), torch.bfloat16),
+        "wo_b": ((config.hidden_size, groups * config.o_lora_rank), torch.bfloat16),
+    }, device)
+
+
+def layer_rope_table(config: DeepseekV4AttentionConfig, compressed: bool, max_model_len: int, device) -> torch.Tensor:
+    """A layer's RoPE table: compressed layers use compress_rope_theta with the YaRN scaling, window-only ones
+    rope_theta without."""
+    theta = config.compress_rope_theta if compressed else config.rope_theta
+    return rope_cos_sin_cache(max_model_len, config.qk_rope_head_dim, theta,
+                              config.rope_scaling if compressed else None).to(device)
+
+
 def _buffers(module: torch.nn.Module, specs: dict[str, tuple[tuple[int, ...], torch.dtype]], device) -> None:
     for name, (shape, dtype) in specs.items():
         module.register_buffer(name, torch.empty(shape, dtype=dtype, device=device))
@@ -140,16 +162,8 @@ class DeepseekV4Attention(torch.nn.Module):
         self.config, self.layer_id = config, layer_id
         self.layer_type = layer_type_for_ratio(config.compress_ratios[layer_id])
         self.compress_ratio = compress_ratio_of(self.layer_type)
-        heads, dim, groups = config.num_attention_heads, config.head_dim, config.o_groups
-        _buffers(self, {
-            "wqa_wkv": ((config.q_lora_rank + dim, config.hidden_size), torch.bfloat16),
-            "q_norm": ((config.q_lora_rank,), torch.float32),
-            "kv_norm": ((dim,), torch.float32),
-            "wq_b": ((heads * dim, config.q_lora_rank), torch.bfloat16),
-            "attn_sink": ((heads,), torch.float32),
-            "wo_a": ((groups * config.o_lora_rank, heads // groups * dim), torch.bfloat16),
-            "wo_b": ((config.hidden_size, groups * config.o_lora_rank), torch.bfloat16),
-        }, device)
+        dim = config.head_dim
+        attention_buffers(self, config, device)
         self.compressor = (Compressor(config.hidden_size, dim, self.compress_ratio, device)
                            if self.layer_type is not LayerType.SWA_ONLY else None)
         self.indexer = Indexer(config, device) if self.layer_type is LayerType.C4A else None
@@ -157,10 +171,7 @@ class DeepseekV4Attention(torch.nn.Module):
             self.randomize(seed)
         else:
             self.load_state_dict(state_dict)
-        compressed = self.layer_type is not LayerType.SWA_ONLY
-        theta = config.compress_rope_theta if compressed else config.rope_theta
-        self.cos_sin_cache = rope_cos_sin_cache(max_model_len, config.qk_rope_head_dim, theta,
-                                                config.rope_scaling if compressed else None).to(device)
+        self.cos_sin_cache = layer_rope_table(config, self.layer_type is not LayerType.SWA_ONLY, max_model_len, device)
         self.topk_indices_buffer = (torch.full((max_num_batched_tokens, config.index_topk), -1, dtype=torch.int32,
                                                device=device) if self.indexer is not None else None)
 

@@ -23,7 +23,6 @@ import torch.nn.functional as F
 from .. import ops
 from ..constants import INDEXER_HEAD_DIM, SWA_BLOCK_SIZE
 from ..metadata import LayerType, all_compressed_local_indices, compress_ratio_of
-from ..rope import rope_cos_sin_cache
 from .attention_step import StepMetadata
 from .cache_manager import CacheGroup, LayerCaches
 from .config import DeepseekV4AttentionConfig
@@ -31,8 +30,10 @@ from .layer import (
     DeepseekV4Attention,
     _buffers,
     attend,
+    attention_buffers,
     check_layer_inputs,
     global_slots,
+    layer_rope_table,
     output_projection,
     project_inputs,
 )
@@ -117,16 +118,8 @@ class DeepseekV41Attention(torch.nn.Module):
         self.is_index_source = compressed and config.index_source_of(layer_id) == layer_id
         self.is_candidate_source = layer_id == config.candidate_source_layer_id
         self.uses_candidates = config.uses_candidates(layer_id)
-        heads, dim, groups = config.num_attention_heads, config.head_dim, config.o_groups
-        _buffers(self, {
-            "wqa_wkv": ((config.q_lora_rank + dim, config.hidden_size), torch.bfloat16),
-            "q_norm": ((config.q_lora_rank,), torch.float32),
-            "kv_norm": ((dim,), torch.float32),
-            "wq_b": ((heads * dim, config.q_lora_rank), torch.bfloat16),
-            "attn_sink": ((heads,), torch.float32),
-            "wo_a": ((groups * config.o_lora_rank, heads // groups * dim), torch.bfloat16),
-            "wo_b": ((config.hidden_size, groups * config.o_lora_rank), torch.bfloat16),
-        }, device)
+        dim = config.head_dim
+        attention_buffers(self, config, device)
         self.compressor = (V41Compressor(config.hidden_size, dim, self.compress_ratio, device)
                            if self.is_kv_source else None)
         self.indexer = V41Indexer(config, self.is_kv_source, device) if self.is_index_source else None
@@ -134,9 +127,7 @@ class DeepseekV41Attention(torch.nn.Module):
             DeepseekV4Attention.randomize(self, seed)
         else:
             self.load_state_dict(state_dict)
-        theta = config.compress_rope_theta if compressed else config.rope_theta
-        self.cos_sin_cache = rope_cos_sin_cache(max_model_len, config.qk_rope_head_dim, theta,
-                                                config.rope_scaling if compressed else None).to(device)
+        self.cos_sin_cache = layer_rope_table(config, compressed, max_model_len, device)
         rows = max_num_batched_tokens
         self.topk_indices_buffer = (torch.full((rows, config.index_topk), -1, dtype=torch.int32, device=device)
                                     if self.is_index_source else None)
