@@ -124,6 +124,24 @@ def layer_rope_table(config: DeepseekV4AttentionConfig, compressed: bool, max_mo
                               config.rope_scaling if compressed else None).to(device)
 
 
+@torch.no_grad()
+def randomize_weights(layer: torch.nn.Module, seed: int) -> None:
+    """Deterministic random weights: linear maps ~ N(0, 1/fan_in), norms near 1, sinks near a typical lse."""
+    generator = torch.Generator().manual_seed(seed)
+    for name, buffer in layer.named_buffers():
+        leaf = name.rsplit(".", 1)[-1]
+        values = torch.empty(buffer.shape, dtype=buffer.dtype)  # drawn on the CPU: the same weights on any device
+        if leaf in ("norm", "q_norm", "kv_norm", "k_norm"):
+            values.uniform_(1 - NORM_WEIGHT_SPREAD / 2, 1 + NORM_WEIGHT_SPREAD / 2, generator=generator)
+        elif leaf == "ape":
+            values.normal_(0.0, APE_STD, generator=generator)
+        elif leaf == "attn_sink":
+            values.normal_(SINK_MEAN, SINK_STD, generator=generator)
+        else:
+            values.normal_(0.0, buffer.shape[1] ** -0.5, generator=generator)
+        buffer.copy_(values)
+
+
 def _buffers(module: torch.nn.Module, specs: dict[str, tuple[tuple[int, ...], torch.dtype]], device) -> None:
     for name, (shape, dtype) in specs.items():
         module.register_buffer(name, torch.empty(shape, dtype=dtype, device=device))
@@ -175,22 +193,8 @@ class DeepseekV4Attention(torch.nn.Module):
         self.topk_indices_buffer = (torch.full((max_num_batched_tokens, config.index_topk), -1, dtype=torch.int32,
                                                device=device) if self.indexer is not None else None)
 
-    @torch.no_grad()
     def randomize(self, seed: int) -> None:
-        """Deterministic random weights: linear maps ~ N(0, 1/fan_in), norms near 1, sinks near a typical lse."""
-        generator = torch.Generator().manual_seed(seed)
-        for name, buffer in self.named_buffers():
-            leaf = name.rsplit(".", 1)[-1]
-            values = torch.empty(buffer.shape, dtype=buffer.dtype)  # drawn on the CPU: the same weights on any device
-            if leaf in ("norm", "q_norm", "kv_norm", "k_norm"):
-                values.uniform_(1 - NORM_WEIGHT_SPREAD / 2, 1 + NORM_WEIGHT_SPREAD / 2, generator=generator)
-            elif leaf == "ape":
-                values.normal_(0.0, APE_STD, generator=generator)
-            elif leaf == "attn_sink":
-                values.normal_(SINK_MEAN, SINK_STD, generator=generator)
-            else:
-                values.normal_(0.0, buffer.shape[1] ** -0.5, generator=generator)
-            buffer.copy_(values)
+        randomize_weights(self, seed)
 
     def forward(self, hidden_states: torch.Tensor, step: StepMetadata, caches: LayerCaches,
                 timer=NULL_TIMER) -> torch.Tensor:

@@ -27,7 +27,6 @@ from .attention_step import StepMetadata
 from .cache_manager import CacheGroup, LayerCaches
 from .config import DeepseekV4AttentionConfig
 from .layer import (
-    DeepseekV4Attention,
     _buffers,
     attend,
     attention_buffers,
@@ -36,6 +35,7 @@ from .layer import (
     layer_rope_table,
     output_projection,
     project_inputs,
+    randomize_weights,
 )
 from .timing import NULL_TIMER
 
@@ -124,7 +124,7 @@ class DeepseekV41Attention(torch.nn.Module):
                            if self.is_kv_source else None)
         self.indexer = V41Indexer(config, self.is_kv_source, device) if self.is_index_source else None
         if state_dict is None:
-            DeepseekV4Attention.randomize(self, seed)
+            randomize_weights(self, seed)
         else:
             self.load_state_dict(state_dict)
         self.cos_sin_cache = layer_rope_table(config, compressed, max_model_len, device)
