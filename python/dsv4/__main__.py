@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.op == "gpu":
             from .bench import gpu
 
-            print(gpu.report(gpu.hardware(), gpu.measure(args.quick), args.json))
+            print(gpu.main(args.quick, args.json))
             return 0
         groups = list(BENCH_GROUPS) if args.op == "all" else [args.op]
         if not args.json:  # the hardware first, then each case as it finishes (a full run takes minutes)

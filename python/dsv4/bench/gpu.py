@@ -3,7 +3,9 @@ H200 roofline.
 
 Each case is captured once in a CUDA graph; a timed replay follows an L2 flush (cold cache), and the median of
 the replays is reported as time per call, per query token, TFLOP/s, TB/s of the counted bytes, and the fraction
-of the roofline time max(FLOPs / peak FLOP/s, bytes / peak bandwidth).
+of the roofline time max(FLOPs / peak FLOP/s, bytes / peak bandwidth). Two sections follow the table: each decode
+record's bytes per query token with its memory and compute rooflines, and a batch-1 decode call taken apart (the
+launch floor, the plan, each kernel's device time and the gaps between them).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -39,6 +41,7 @@ class GpuCase:
     flops: int
     bytes_moved: int
     run: Callable[[], object]
+    plan: Callable[[], object] | None = field(default=None, repr=False)  # the decode's split plan, made per step
 
 
 @dataclass
@@ -102,6 +105,17 @@ def model1_pages(rows: int) -> torch.Tensor:
     return pages
 
 
+def decode_bytes_per_query(heads: int, compressed: int, main_record: int, extra_record: int) -> int:
+    """Bytes a decode reads and writes per query token: the window's records in the main cache, the compressed
+    entries' in the extra cache, an int32 index per entry, the bf16 query in and the bf16 output out."""
+    return (SLIDING_WINDOW * (main_record + 4) + compressed * (extra_record + 4) + 4 * heads * MODEL1_HEAD_DIM)
+
+
+def decode_flops_per_query(heads: int, compressed: int) -> int:
+    """S = q K^T and P V over every attended entry: 2 x 2 FLOPs per head, dim and entry."""
+    return 4 * heads * MODEL1_HEAD_DIM * (SLIDING_WINDOW + compressed)
+
+
 def decode_case(batch: int, heads: int, compressed: int, preset: str) -> GpuCase:
     window, compressed_cache = model1_pages(batch * SLIDING_WINDOW), model1_pages(batch * compressed)
     window_slots = random_slots(batch, SLIDING_WINDOW, window.shape[0] * PAGE)
@@ -109,7 +123,6 @@ def decode_case(batch: int, heads: int, compressed: int, preset: str) -> GpuCase
     q = torch.randn(batch, 1, heads, MODEL1_HEAD_DIM, device="cuda").bfloat16()
     sink = torch.randn(heads, device="cuda")
     sched, _ = flash_mla.get_mla_metadata()
-    entries = SLIDING_WINDOW + compressed
 
     def run():
         return flash_mla.flash_mla_with_kvcache(q, compressed_cache, None, None, MODEL1_HEAD_DIM, sched,
@@ -117,9 +130,10 @@ def decode_case(batch: int, heads: int, compressed: int, preset: str) -> GpuCase
                                                 extra_k_cache=window, extra_indices_in_kvcache=window_slots)
 
     return GpuCase("sparse_mla_decode", f"{preset} B={batch} H={heads} {SLIDING_WINDOW}+{compressed}", batch,
-                   flops=4 * batch * heads * MODEL1_HEAD_DIM * entries,
-                   bytes_moved=batch * (entries * (MODEL1_BYTES_PER_TOKEN + 4) + 4 * heads * MODEL1_HEAD_DIM),
-                   run=run)
+                   flops=batch * decode_flops_per_query(heads, compressed),
+                   bytes_moved=batch * decode_bytes_per_query(heads, compressed, MODEL1_BYTES_PER_TOKEN,
+                                                              MODEL1_BYTES_PER_TOKEN),
+                   run=run, plan=lambda: ops.sparse_mla_decode_schedule(q, compressed_slots, None, window_slots, None))
 
 
 def v41_pages(rows: int, layout: str) -> torch.Tensor:
@@ -139,9 +153,10 @@ def v41_decode_case(batch: int, heads: int, compressed: int, extra_layout: str, 
     compressed_slots = random_slots(batch, compressed, compressed_cache.shape[0] * PAGE)
     q = torch.randn(batch, 1, heads, MODEL1_HEAD_DIM, device="cuda").bfloat16()
     sink = torch.randn(heads, device="cuda")
-    meta, splits = ops.sparse_mla_decode_schedule(q, window_slots, None, compressed_slots, None)
-    entries = SLIDING_WINDOW + compressed
-    record_bytes = SLIDING_WINDOW * cache.KV_LAYOUTS["v41_fp8"] + compressed * cache.KV_LAYOUTS[extra_layout]
+    def plan():
+        return ops.sparse_mla_decode_schedule(q, window_slots, None, compressed_slots, None)
+
+    meta, splits = plan()
 
     def run():
         return ops.sparse_mla_decode(q, window, window_slots, PAGE, attn_sink=sink, extra_kv_cache=compressed_cache,
@@ -151,8 +166,10 @@ def v41_decode_case(batch: int, heads: int, compressed: int, extra_layout: str, 
 
     return GpuCase(f"sparse_mla_decode V4.1 (528+{cache.KV_LAYOUTS[extra_layout]})",
                    f"{preset} B={batch} H={heads} {SLIDING_WINDOW}+{compressed}", batch,
-                   flops=4 * batch * heads * MODEL1_HEAD_DIM * entries,
-                   bytes_moved=batch * (record_bytes + 4 * entries + 4 * heads * MODEL1_HEAD_DIM), run=run)
+                   flops=batch * decode_flops_per_query(heads, compressed),
+                   bytes_moved=batch * decode_bytes_per_query(heads, compressed, cache.KV_LAYOUTS["v41_fp8"],
+                                                              cache.KV_LAYOUTS[extra_layout]),
+                   run=run, plan=plan)
 
 
 def prefill_case(tokens: int, heads: int, topk: int) -> GpuCase:
@@ -261,6 +278,101 @@ def measure(quick: bool = False) -> list[GpuResult]:
     return results
 
 
+@dataclass
+class RecordRoofline:
+    record: str
+    bytes_per_query: int
+    memory_ns: float  # per query token at peak bandwidth
+    compute_ns: float  # per query token at peak bf16 FLOP/s
+
+
+# The decode records at the Flash shape: (name, main record bytes, extra record bytes).
+DECODE_RECORDS = (("V4.0 MODEL1 584 + 584", 584, 584), ("V4.1 fp8 528 + fp4 288", 528, 288),
+                  ("V4.1 fp8 528 + fp8 528", 528, 528))
+
+
+def record_rooflines(heads: int = FLASH[0], compressed: int = FLASH[1]) -> list[RecordRoofline]:
+    """Each decode record's bytes per query token and the time per query token its bytes and its FLOPs take at the
+    roofline: the floor a decode of that record can approach, whatever the batch."""
+    flops = decode_flops_per_query(heads, compressed)
+    rows = []
+    for name, main_record, extra_record in DECODE_RECORDS:
+        moved = decode_bytes_per_query(heads, compressed, main_record, extra_record)
+        rows.append(RecordRoofline(name, moved, moved / PEAK_TBPS / 1e3, flops / PEAK_TFLOPS / 1e3))
+    return rows
+
+
+@dataclass
+class LatencyPart:
+    case: str
+    part: str
+    us: float
+
+
+def kernel_spans(run: Callable[[], object], flush: torch.Tensor, calls: int) -> list[list[tuple[str, float, float]]]:
+    """Per eager call after an L2 flush: its kernels in order as (name, start, end) in device microseconds, from
+    the profiler's trace (the flush's own kernel left out)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            flush.zero_()
+            run()
+        torch.cuda.synchronize()
+    kernels = sorted(((e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+                      if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda k: k[1])
+    calls_out, current = [], None
+    for name, start, end in kernels:
+        if end - start > 20 and "elementwise" in name:  # the 256 MB flush: a new call starts after it
+            current = []
+            calls_out.append(current)
+        elif current is not None:
+            current.append((name, start, end))
+    return [c for c in calls_out if c]
+
+
+def short_kernel_name(name: str) -> str:
+    for key, short in (("decode_sm90", "attention kernel"), ("sparse_mla_decode", "attention kernel"),
+                       ("combine", "combine kernel"), ("schedule", "plan kernel")):
+        if key in name:
+            return short
+    return name.split("(")[0].split("<")[0][-40:]
+
+
+def batch1_breakdown(quick: bool) -> list[LatencyPart]:
+    """A batch-1 decode call taken apart: the graph replay of the whole call and of one tiny kernel (the launch
+    floor), the split plan made once per step (outside the timed call), and from the profiler's trace of eager
+    calls each kernel's device time, the gaps between them and the span from the first kernel's start to the last
+    one's end; the rest of the replay is launch and submission."""
+    replays = QUICK_REPLAYS if quick else REPLAYS
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    tiny = torch.zeros(1, device="cuda")
+    parts = [LatencyPart("-", "launch floor: one tiny kernel", replay_us(lambda: tiny.add_(1), replays, flush.zero_))]
+    for case in (decode_case(1, *FLASH, "V4-Flash"), v41_decode_case(1, *FLASH, "v41_fp4", "V4.1-Flash")):
+        name = f"{case.op} {case.shape}"
+        parts.append(LatencyPart(name, "whole call (graph replay)", time_cold(case, replays)))
+        parts.append(LatencyPart(name, "split plan (per step, outside the call)", replay_us(case.plan, replays,
+                                                                                            flush.zero_)))
+        try:
+            spans = kernel_spans(case.run, flush, replays)
+        except Exception as error:  # a profiler without CUDA activity: the replays above still stand
+            parts.append(LatencyPart(name, f"kernel trace unavailable ({type(error).__name__}: {error})", 0.0))
+            continue
+        width = min(len(s) for s in spans)
+        for k in range(width):
+            label = short_kernel_name(spans[0][k][0])
+            parts.append(LatencyPart(name, f"{label} (device time)",
+                                     statistics.median(s[k][2] - s[k][1] for s in spans)))
+            if k + 1 < width:
+                parts.append(LatencyPart(name, f"gap after the {label}",
+                                         statistics.median(s[k + 1][1] - s[k][2] for s in spans)))
+        parts.append(LatencyPart(name, "kernels' span, first start to last end",
+                                 statistics.median(s[width - 1][2] - s[0][1] for s in spans)))
+    return parts
+
+
 def hardware() -> dict:
     props = torch.cuda.get_device_properties(0)
     return {"gpu": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
@@ -268,14 +380,29 @@ def hardware() -> dict:
             "roofline": f"{PEAK_TFLOPS:.0f} TFLOP/s bf16, {PEAK_TBPS} TB/s"}
 
 
-def report(info: dict, results: list[GpuResult], as_json: bool) -> str:
+def report(info: dict, results: list[GpuResult], rooflines: list[RecordRoofline], latency: list[LatencyPart],
+           as_json: bool) -> str:
     if as_json:
         rows = [{**asdict(r), "roofline_fraction": r.roofline_fraction} for r in results]
-        return json.dumps({"hardware": info, "results": rows}, indent=2)
+        return json.dumps({"hardware": info, "results": rows, "record_rooflines": [asdict(r) for r in rooflines],
+                           "batch1_breakdown": [asdict(p) for p in latency]}, indent=2)
     lines = ["  ".join(f"{k}={v}" for k, v in info.items()),
              f"{'op':22s} {'shape':36s} {'us':>9s} {'ns/token':>9s} {'TFLOP/s':>8s} {'TB/s':>6s} {'roof us':>8s} "
              f"{'of roof':>7s}"]
     for r in results:
         lines.append(f"{r.op:22s} {r.shape:36s} {r.us:9.1f} {r.ns_per_token:9.0f} {r.tflops:8.1f} {r.tbps:6.2f} "
                      f"{r.roofline_us:8.1f} {r.roofline_fraction:7.1%}")
+    lines += ["", f"decode records at the Flash shape (H={FLASH[0]}, {SLIDING_WINDOW}+{FLASH[1]}), per query token:",
+              f"{'record':26s} {'bytes':>8s} {'memory roof ns':>15s} {'compute roof ns':>16s}"]
+    for r in rooflines:
+        lines.append(f"{r.record:26s} {r.bytes_per_query:8d} {r.memory_ns:15.1f} {r.compute_ns:16.1f}")
+    lines += ["", "batch-1 decode taken apart (us, medians):"]
+    for p in latency:
+        lines.append(f"{p.case:58s} {p.part:44s} {p.us:8.2f}")
     return "\n".join(lines)
+
+
+def main(quick: bool, as_json: bool) -> str:
+    """The bench's whole output: the table, the record rooflines and the batch-1 breakdown."""
+    results = measure(quick)
+    return report(hardware(), results, record_rooflines(), batch1_breakdown(quick), as_json)
