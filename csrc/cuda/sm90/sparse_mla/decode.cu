@@ -669,19 +669,32 @@ struct V41Codes {
     }
   }
 
-  // One route for every entry: decode_e2m1_16 is exact for every code and finite scale, a NaN scale's factor is NaN
-  // (its 16 values NaN, as the portable tier's) and an invalid entry's zero.
+  // Two routes, both exact for every code and finite scale (a NaN scale's factor is NaN: its 16 values NaN, as the
+  // portable tier's; an invalid entry's factor zero): one product per pair where the thread's scales are all below 4
+  // (real caches' are), else two.
   DSV4_SM90_DEVICE void store_fp4(bool ok, int e, int part, uint8_t* tile) const {
     const uint4 raw[2] = {make_uint4(w[0].z, w[1].z, w[2].z, w[3].z), make_uint4(w[4].z, w[5].z, w[6].z, w[7].z)};
     const uint2 item_scales = v41_fp4_item_scales(raw, part);
     uint32_t factors[4];  // item k's scale: half k % 2 of factors[k / 2]
     e4m3x4_scales_to_bf16(item_scales.x, factors[0], factors[1]);
     e4m3x4_scales_to_bf16(item_scales.y, factors[2], factors[3]);
+    if (__builtin_expect(e4m3x4_below_four(item_scales.x) && e4m3x4_below_four(item_scales.y), 1)) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) factors[i] = mul_bf16x2(factors[i], kTwoTo126);
+      store_fp4_items<false>(ok, factors, e, part, tile);
+    } else {
+      store_fp4_items<true>(ok, factors, e, part, tile);
+    }
+  }
+
+  template <bool kRaise>
+  DSV4_SM90_DEVICE void store_fp4_items(bool ok, const uint32_t (&factors)[4], int e, int part, uint8_t* tile) const {
 #pragma unroll
     for (int k = 0; k < kV41ThreadItems; ++k) {
       const int item = part + kDecodeThreadsPerEntry * k;
       uint4 first, second;
-      decode_e2m1_16(make_uint2(w[k].x, w[k].y), ok ? bf16_broadcast(factors[k / 2], k % 2) : 0u, first, second);
+      decode_e2m1_16<kRaise>(make_uint2(w[k].x, w[k].y), ok ? bf16_broadcast(factors[k / 2], k % 2) : 0u, first,
+                             second);
       *reinterpret_cast<uint4*>(tile + tile_offset(e, 2 * item)) = first;
       *reinterpret_cast<uint4*>(tile + tile_offset(e, 2 * item + 1)) = second;
     }

@@ -167,20 +167,30 @@ DSV4_SM90_DEVICE uint32_t e2m1x2_to_bf16_tiny(uint32_t codes, int byte) {
   return ((b * 0x40040u) & 0x01c001c0u) | ((b * 0x1001000u) & 0x80008000u);
 }
 
-// 16 e2m1 codes (8 bytes) under one finite e4m3 scale (its bf16 value in both halves of `scale`) -> two 16-byte
-// chunks of their bf16 values, exact: e2m1 x e4m3 has at most 5 significant bits and stays in bf16's normal range.
-// The code is first raised to its own value (times 2^126, exact); the product with the scale is then exact too
-// (scaling the tiny form by scale * 2^126 would overflow bf16 for scales of 4 and more).
-DSV4_SM90_DEVICE void decode_e2m1_16(uint2 codes, uint32_t scale, uint4& first, uint4& second) {
-  constexpr uint32_t kTwoTo126 = 0x7e807e80u;
+constexpr uint32_t kTwoTo126 = 0x7e807e80u;  // bf16x2 2^126: raises the tiny form to the code's value
+
+// 16 e2m1 codes (8 bytes) -> two 16-byte chunks of their bf16 values times `factor` (both halves): each pair's tiny
+// form (code * 2^-126) raised by 2^126 first when kRaise, else `factor` already holds the scale times 2^126.
+// Exact either way: e2m1 x e4m3 has at most 5 significant bits and stays in bf16's normal range, and each product
+// on the way is a code times a power of two or that exact result.
+template <bool kRaise>
+DSV4_SM90_DEVICE void decode_e2m1_16(uint2 codes, uint32_t factor, uint4& first, uint4& second) {
   const uint32_t words[2] = {codes.x, codes.y};
   uint32_t out[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    out[i] = mul_bf16x2(mul_bf16x2(e2m1x2_to_bf16_tiny(words[i / 4], i % 4), kTwoTo126), scale);
+    const uint32_t tiny = e2m1x2_to_bf16_tiny(words[i / 4], i % 4);
+    out[i] = mul_bf16x2(kRaise ? mul_bf16x2(tiny, kTwoTo126) : tiny, factor);
   }
   first = make_uint4(out[0], out[1], out[2], out[3]);
   second = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
+// Whether four e4m3 scale bytes are all below 4 in magnitude (NaN not): their bf16 values times 2^126 are then
+// finite, so decode_e2m1_16 takes one product per pair. A byte's low seven bits plus 0x38 reach bit 7 exactly from
+// 0x48 (4.0) up, without carries between bytes.
+DSV4_SM90_DEVICE bool e4m3x4_below_four(uint32_t scales) {
+  return (((scales & 0x7f7f7f7fu) + 0x38383838u) & 0x80808080u) == 0;
 }
 
 }  // namespace dsv4::cuda::sm90
