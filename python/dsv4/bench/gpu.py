@@ -312,8 +312,11 @@ class LatencyPart:
 def kernel_spans(run: Callable[[], object], flush: torch.Tensor, calls: int) -> list[list[tuple[str, float, float]]]:
     """Per eager call after an L2 flush: its kernels in order as (name, start, end) in device microseconds, from
     the profiler's trace (the flush's own kernel left out)."""
+    import warnings
+
     from torch.profiler import ProfilerActivity, profile
 
+    warnings.filterwarnings("ignore", message="Profiler clears events")  # one profile, one cycle: nothing is lost
     run()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -387,10 +390,10 @@ def report(info: dict, results: list[GpuResult], rooflines: list[RecordRoofline]
         return json.dumps({"hardware": info, "results": rows, "record_rooflines": [asdict(r) for r in rooflines],
                            "batch1_breakdown": [asdict(p) for p in latency]}, indent=2)
     lines = ["  ".join(f"{k}={v}" for k, v in info.items()),
-             f"{'op':22s} {'shape':36s} {'us':>9s} {'ns/token':>9s} {'TFLOP/s':>8s} {'TB/s':>6s} {'roof us':>8s} "
+             f"{'op':32s} {'shape':36s} {'us':>9s} {'ns/token':>9s} {'TFLOP/s':>8s} {'TB/s':>6s} {'roof us':>8s} "
              f"{'of roof':>7s}"]
     for r in results:
-        lines.append(f"{r.op:22s} {r.shape:36s} {r.us:9.1f} {r.ns_per_token:9.0f} {r.tflops:8.1f} {r.tbps:6.2f} "
+        lines.append(f"{r.op:32s} {r.shape:36s} {r.us:9.1f} {r.ns_per_token:9.0f} {r.tflops:8.1f} {r.tbps:6.2f} "
                      f"{r.roofline_us:8.1f} {r.roofline_fraction:7.1%}")
     lines += ["", f"decode records at the Flash shape (H={FLASH[0]}, {SLIDING_WINDOW}+{FLASH[1]}), per query token:",
               f"{'record':26s} {'bytes':>8s} {'memory roof ns':>15s} {'compute roof ns':>16s}"]
