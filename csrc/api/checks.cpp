@@ -256,15 +256,9 @@ bool parse_placement(Arg a, const std::string& placement, KvLayout layout) {
   return v41 && placement == "per_token";
 }
 
-IndexerFormat parse_indexer_format(Arg a, const std::string& name, bool cuda_has_mxfp4) {
+IndexerFormat parse_indexer_format(Arg a, const std::string& name) {
   DSV4_CHECK(name == "fp8" || name == "mxfp4", a.op, "argument '", a.name, "' must be 'fp8' (e4m3 + an fp32 scale, ",
              "132-byte keys) or 'mxfp4' (e2m1 + a UE8M0 byte per 32 dims, 68-byte keys), got '", name, "'");
-#if defined(DSV4_BACKEND_CUDA)
-  DSV4_CHECK(name == "fp8" || cuda_has_mxfp4, a.op, "argument '", a.name, "' is 'mxfp4', which this op's CUDA ",
-             "kernel does not handle yet (the CPU kernels do); expected 'fp8'");
-#else
-  (void)cuda_has_mxfp4;
-#endif
   return name == "mxfp4" ? IndexerFormat::mxfp4 : IndexerFormat::fp8;
 }
 

@@ -87,10 +87,8 @@ bool parse_placement(Arg a, const std::string& placement, KvLayout layout);
 // A paged cache of one record in one placement.
 PagedCache record_cache(Arg a, const Tensor& t, int64_t block_size, KvLayout layout, bool per_token);
 
-// Indexer key / query formats by the names the ops take: "fp8" (132-byte keys) or "mxfp4" (68-byte keys). Most CUDA
-// kernels read fp8 only: _C_cuda rejects mxfp4 here, before anything runs, unless cuda_has_mxfp4 (the op's CUDA
-// kernel has the mxfp4 path too).
-IndexerFormat parse_indexer_format(Arg a, const std::string& name, bool cuda_has_mxfp4 = false);
+// Indexer key / query formats by the names the ops take: "fp8" (132-byte keys) or "mxfp4" (68-byte keys).
+IndexerFormat parse_indexer_format(Arg a, const std::string& name);
 inline int64_t indexer_entry_bytes(IndexerFormat f) {
   return f == IndexerFormat::mxfp4 ? kIndexerFp4BytesPerEntry : kIndexerBytesPerEntry;
 }

@@ -26,16 +26,6 @@ void check_weights(const char* op, const Tensor& weights, int64_t rows, int64_t 
   check_last_dim_contiguous({op, "weights"}, weights);
 }
 
-// mxfp4 queries (q_scale given) on a backend whose kernels score them: the CPU ones; the CUDA ones take e4m3 only.
-void check_query_backend(const char* op, const std::optional<Tensor>& q_scale) {
-#if defined(DSV4_BACKEND_CUDA)
-  DSV4_CHECK(!q_scale.has_value(), op, "argument 'q_scale' must be None on CUDA (its kernels score e4m3 queries ",
-             "only; the CPU kernels also take mxfp4 queries), got a tensor of shape ", shape_str(*q_scale));
-#else
-  (void)op, (void)q_scale;
-#endif
-}
-
 // mxfp4 queries: the UE8M0 bytes q_scale (uint8, [*q.shape[:-1], dim / 32], last dim contiguous) beside the codes q
 // (uint8, dim / 2 bytes per head); returns the head dim. e4m3 queries (no q_scale): q.size(-1).
 int64_t check_query_scale(const char* op, const Tensor& q, const std::optional<Tensor>& q_scale) {
@@ -140,7 +130,6 @@ Tensor fp8_paged_mqa_logits_format(Tensor q, Tensor kv_cache, Tensor weights, Te
                             {"block_table", &block_table}, {"q_scale", present(q_scale)}});
   PagedMqaLogitsParams p;
   p.key_format = parse_indexer_format({op, "key_format"}, key_format);
-  check_query_backend(op, q_scale);
   check_dtype({op, "q"}, q, {q_scale ? ScalarType::Byte : ScalarType::Float8_e4m3fn});
   check_dim({op, "q"}, q, 4);
   check_size({op, "q"}, q, 3, q_scale ? kIndexerFp4DataBytes : kIndexerHeadDim);  // mxfp4: two codes per byte
@@ -188,7 +177,6 @@ Tensor fp8_mqa_logits_format(Tensor q, Tensor k, Tensor k_scale, Tensor weights,
                             {"q_scale", present(q_scale)}});
   MqaLogitsParams p;
   p.key_format = parse_indexer_format({op, "key_format"}, key_format);
-  check_query_backend(op, q_scale);
   const bool fp4_keys = p.key_format == IndexerFormat::mxfp4;
   check_dim({op, "q"}, q, 3);
   check_heads(op, q, 1);
@@ -253,7 +241,6 @@ void fp8_paged_mqa_topk_format(Tensor q, Tensor kv_cache, Tensor weights, Tensor
                             {"topk_indices", &topk_indices}, {"q_scale", present(q_scale)}});
   PagedMqaTopkParams p;
   p.key_format = parse_indexer_format({op, "key_format"}, key_format);
-  check_query_backend(op, q_scale);
   check_dtype({op, "q"}, q, {q_scale ? ScalarType::Byte : ScalarType::Float8_e4m3fn});
   check_dim({op, "q"}, q, 3);
   check_size({op, "q"}, q, 2, q_scale ? kIndexerFp4DataBytes : kIndexerHeadDim);  // mxfp4: two codes per byte
@@ -320,7 +307,7 @@ void indexer_k_norm_rope_store(Tensor k_pre, Tensor positions, Tensor cos_sin_ca
                                 {"norm_weight", &norm_weight}, {"kv_cache", &kv_cache},
                                 {"slot_mapping", &slot_mapping}});
   IndexerKNormRopeStoreParams p;
-  p.key_format = parse_indexer_format({op, "key_format"}, key_format, /*cuda_has_mxfp4=*/true);
+  p.key_format = parse_indexer_format({op, "key_format"}, key_format);
   check_dtype({op, "k_pre"}, k_pre, {ScalarType::BFloat16});
   check_dim({op, "k_pre"}, k_pre, 2);
   check_size({op, "k_pre"}, k_pre, 1, kIndexerHeadDim);

@@ -8,7 +8,7 @@ from conftest import random_pages
 from dsv4 import deep_gemm, ops
 from dsv4.cache import indexer_k_page_bytes
 from dsv4.reference import indexer, quant
-from helpers.indexer_cases import assert_logits_match, random_fp8, random_mxfp4, skip_cuda_mxfp4
+from helpers.indexer_cases import assert_logits_match, random_fp8, random_mxfp4
 
 BLOCK_KV, HEADS, DIM = 64, 32, 128
 ENTRY_BYTES = {"fp8": DIM + 4, "mxfp4": DIM // 2 + 4}
@@ -38,7 +38,6 @@ def query(query_format: str, *shape: int, packed: bool = True):
 @pytest.mark.parametrize("key_format", ["fp8", "mxfp4"])
 @pytest.mark.parametrize("query_format", ["fp8", "mxfp4"])
 def test_paged_fp8_fp4_names_the_key_format_by_the_last_dim(isa, key_format, query_format):
-    skip_cuda_mxfp4(isa, key_format, query_format)
     cache = deepgemm_cache(5, key_format)
     values, scales = query(query_format, 2, 1, HEADS, DIM)
     weights = torch.randn(2, HEADS)
@@ -55,7 +54,6 @@ def test_paged_fp8_fp4_names_the_key_format_by_the_last_dim(isa, key_format, que
 
 
 def test_paged_fp8_fp4_unpacked_scales_and_bf16_logits(isa):
-    skip_cuda_mxfp4(isa, "mxfp4")
     cache = deepgemm_cache(3, "mxfp4")
     packed = query("mxfp4", 1, 1, HEADS, DIM)
     unpacked = (packed[0], packed[1].view(torch.uint8).reshape(1, 1, HEADS, 4))
@@ -68,7 +66,6 @@ def test_paged_fp8_fp4_unpacked_scales_and_bf16_logits(isa):
 
 def test_varlen_indices_leave_the_logits_unchanged(isa):
     """Varlen rows: one block-table row and length per query row, next_n 1, indices the request of each row."""
-    skip_cuda_mxfp4(isa, "mxfp4")
     cache = deepgemm_cache(6, "mxfp4")
     tokens_per_request = torch.tensor([3, 1, 2])
     indices = torch.arange(3, dtype=torch.int32).repeat_interleave(tokens_per_request)
@@ -111,7 +108,6 @@ def test_paged_fp8_fp4_rejects():
 @pytest.mark.parametrize("key_format", ["fp8", "mxfp4"])
 @pytest.mark.parametrize("query_format", ["fp8", "mxfp4"])
 def test_ragged_fp8_fp4_and_compressed_columns(isa, key_format, query_format):
-    skip_cuda_mxfp4(isa, key_format, query_format)
     values, scales = query(query_format, 5, HEADS, DIM)
     keys = torch.randn(40, DIM)
     if key_format == "mxfp4":

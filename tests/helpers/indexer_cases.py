@@ -3,7 +3,6 @@ logits inputs, and the logits comparison."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from conftest import random_pages
@@ -32,13 +31,6 @@ def indexer_cache(num_blocks: int, block_size: int, pad_bytes: int, key_format: 
     data, scales = quant.indexer_key_pack(keys, key_format)
     quant.indexer_key_write(cache, torch.arange(num_blocks * block_size), block_size, data, scales, key_format)
     return cache
-
-
-def skip_cuda_mxfp4(isa: str, *formats: str) -> None:
-    """The CUDA kernels of the logits, the q quantization and the generic key insert read and write fp8 only (their
-    bindings reject mxfp4): CUDA tiers skip the cases that name it."""
-    if isa.startswith("cuda") and "mxfp4" in formats:
-        pytest.skip("CUDA kernels: fp8 keys and queries only")
 
 
 def random_mxfp4(*shape: int) -> tuple[torch.Tensor, torch.Tensor]:

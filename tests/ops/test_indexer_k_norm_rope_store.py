@@ -11,7 +11,6 @@ from dsv4 import cache as dsv4_cache
 from dsv4 import ops
 from dsv4.constants import INDEXER_HEAD_DIM
 from dsv4.reference import indexer, quant
-from helpers.indexer_cases import skip_cuda_mxfp4
 
 KEY_FORMATS = ("fp8", "mxfp4")
 MAX_POSITION = 600
@@ -120,7 +119,6 @@ def test_norm_rope_store_rejects_fp8_cache_as_mxfp4():
 @pytest.mark.parametrize("key_format", KEY_FORMATS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_quant_insert_formats(isa, key_format, dtype):
-    skip_cuda_mxfp4(isa, key_format)
     tokens, block_size = 50, 16
     num_blocks = 2 * tokens // block_size + 1
     k = (torch.randn(tokens, INDEXER_HEAD_DIM) * torch.exp2(torch.randint(-10, 10, (tokens, 1)).float())).to(dtype)

@@ -16,7 +16,6 @@ from helpers.indexer_cases import (
     paged_format_case,
     random_query,
     row_valid_mask,
-    skip_cuda_mxfp4,
 )
 
 FORMAT_PAIRS = [(k, q) for k in ("fp8", "mxfp4") for q in ("fp8", "mxfp4")]  # (key format, query format)
@@ -29,7 +28,6 @@ HEADS = [32, 64, 7]
 @pytest.mark.parametrize("heads", [1, 32, 64])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_q_rope_quant_mxfp4_matches_reference(isa, heads, dtype):
-    skip_cuda_mxfp4(isa, "mxfp4")
     tokens = 19
     magnitude = torch.exp2(torch.randint(-12, 12, (tokens, heads, 1)))
     q = (torch.randn(tokens, heads, INDEXER_HEAD_DIM) * magnitude).to(dtype)
@@ -77,7 +75,6 @@ def test_q_rope_quant_format_rejects(corrupt, message):
 
 
 def test_q_rope_quant_format_opcheck(opcheck, request):
-    skip_cuda_mxfp4(request.node.callspec.params['opcheck'], 'mxfp4')
     opcheck(torch.ops.dsv4.indexer_q_rope_quant.format, tuple(q_quant_args().values()))
 
 
@@ -88,7 +85,6 @@ def test_q_rope_quant_format_opcheck(opcheck, request):
 @pytest.mark.parametrize("heads", HEADS)
 @pytest.mark.parametrize("block_size", [1, 64])
 def test_paged_logits_formats(isa, key_format, query_format, heads, block_size):
-    skip_cuda_mxfp4(isa, key_format, query_format)
     lens = [0, 1, 300, 700]
     args, q_scale = paged_format_case(len(lens), 1, heads, block_size, lens, key_format, query_format)
     want = indexer.fp8_paged_mqa_logits(*args, q_scale=q_scale, key_format=key_format)
@@ -100,7 +96,6 @@ def test_paged_logits_formats(isa, key_format, query_format, heads, block_size):
 
 @pytest.mark.parametrize("key_format,query_format", FORMAT_PAIRS)
 def test_paged_logits_formats_mtp(isa, key_format, query_format):
-    skip_cuda_mxfp4(isa, key_format, query_format)
     lens = [5, 520, 1100]
     args, q_scale = paged_format_case(len(lens), 2, 64, 64, lens, key_format, query_format, lens_2d=True,
                                       index_dtype=torch.int64)
@@ -119,7 +114,6 @@ def test_paged_logits_fp8_format_is_the_old_op():
 def test_mxfp4_logits_flush_only_below_the_smallest_normal(isa):
     """Keys whose blocks carry scale byte 1 (values down to 2^-127): the bf16 dot-product tiers treat values below
     2^-126 as zero; every tier stays within the logits tolerance of the exact reference."""
-    skip_cuda_mxfp4(isa, "mxfp4")
     lens = [200]
     args, q_scale = paged_format_case(1, 1, 32, 64, lens, "mxfp4", "mxfp4", holes=False)
     pages = quant.cache_pages(args[1])
@@ -150,7 +144,6 @@ def test_paged_logits_format_rejects(corrupt, message):
 
 
 def test_paged_logits_format_opcheck(opcheck, request):
-    skip_cuda_mxfp4(request.node.callspec.params['opcheck'], 'mxfp4')
     opcheck(torch.ops.dsv4.fp8_paged_mqa_logits.format, tuple(paged_format_args().values()))
 
 
@@ -175,7 +168,6 @@ def ragged_case(rows, heads, num_keys, key_format, query_format, dim=INDEXER_HEA
 @pytest.mark.parametrize("key_format,query_format", FORMAT_PAIRS)
 @pytest.mark.parametrize("heads", HEADS)
 def test_ragged_logits_formats(isa, key_format, query_format, heads):
-    skip_cuda_mxfp4(isa, key_format, query_format)
     q, k, k_scale, weights, ks, ke, q_scale = ragged_case(37, heads, 700, key_format, query_format)
     want = indexer.fp8_mqa_logits(q, k, k_scale, weights, ks, ke, q_scale=q_scale, key_format=key_format)
     cols = torch.arange(k.shape[0])
@@ -187,7 +179,6 @@ def test_ragged_logits_formats(isa, key_format, query_format, heads):
 
 @pytest.mark.parametrize("key_format,query_format", FORMAT_PAIRS)
 def test_ragged_logits_other_head_dim_and_strides(isa, key_format, query_format):
-    skip_cuda_mxfp4(isa, key_format, query_format)
     q, k, k_scale, weights, ks, ke, q_scale = ragged_case(9, 5, 90, key_format, query_format, dim=64)
     # row-strided k and k_scale views (only the last dims are contiguous)
     k = torch.cat([k.view(torch.uint8), torch.zeros(k.shape[0], 16, dtype=torch.uint8)], 1)[:, : k.shape[1]].view(
@@ -218,7 +209,6 @@ def test_ragged_logits_format_rejects(corrupt, message):
 
 
 def test_ragged_logits_format_opcheck(opcheck, request):
-    skip_cuda_mxfp4(request.node.callspec.params['opcheck'], 'mxfp4')
     opcheck(torch.ops.dsv4.fp8_mqa_logits.format, tuple(ragged_args().values()))
 
 
@@ -243,7 +233,6 @@ def prefill_format_case(requests, heads, key_format, query_format, block_size=64
 @pytest.mark.parametrize("key_format,query_format", FORMAT_PAIRS)
 @pytest.mark.parametrize("heads", [32, 7])
 def test_fused_topk_formats_equal_unfused(isa, key_format, query_format, heads):
-    skip_cuda_mxfp4(isa, key_format, query_format)
     args, q_scale = prefill_format_case([(900, 6), (10, 3), (560, 5)], heads, key_format, query_format)
     q, cache, weights, lengths, table, rows, block_size = args
     got = ops.fp8_paged_mqa_topk(*args, k=512, q_scale=q_scale, key_format=key_format)
@@ -254,7 +243,6 @@ def test_fused_topk_formats_equal_unfused(isa, key_format, query_format, heads):
 
 
 def test_fused_topk_format_opcheck(opcheck, request):
-    skip_cuda_mxfp4(request.node.callspec.params['opcheck'], 'mxfp4')
     args, q_scale = prefill_format_case([(600, 2)], 8, "mxfp4", "mxfp4")
     out = torch.empty(len(args[3]), 512, dtype=torch.int32)
     opcheck(torch.ops.dsv4.fp8_paged_mqa_topk.format, (*args, out, q_scale, "mxfp4"))

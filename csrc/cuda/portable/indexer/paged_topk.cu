@@ -35,15 +35,15 @@ __global__ void __launch_bounds__(kScoreThreads, 1)
     }
     const int64_t request = index_at(p.row_requests, row);
     const bool request_valid = request >= 0 && request < p.num_requests;  // else every page is missing: -inf
-    const uint8_t* q_row = p.q + row * p.num_heads * p.head_dim;
+    const QueryRow q_row = contiguous_query_row(p.q, p.q_scale, row, p.num_heads, p.head_dim);
     const float* w_row = p.weights + row * p.w_stride;
     for (int64_t t0 = 0; !scored && t0 < length; t0 += kScoreThreads) {
       const int64_t pos = t0 + t;
       float scale = 0.0f;
-      const int64_t offset = load_paged_tile(s.score, p.cache, p.block_table, request, request_valid, p.max_blocks,
-                                             p.head_dim, t0, length, aligned, scale);
-      const float total = score_tile_key(s.score.tile, kScoreThreads, offset >= 0, q_row, p.head_dim, w_row,
-                                         p.num_heads, p.head_dim);
+      const int64_t offset = load_paged_tile(s.score, p.cache, p.key_format, p.block_table, request, request_valid,
+                                             p.max_blocks, p.head_dim, t0, length, aligned, scale);
+      const float total = score_tile_key(s.score.tile, kScoreThreads, offset >= 0, q_row, w_row, p.num_heads,
+                                         p.head_dim);
       if (pos < length) scores[pos] = offset >= 0 ? total * scale : -INFINITY;
     }
     __syncthreads();  // the scores are complete and visible; the scoring tile is free for the select

@@ -1,7 +1,8 @@
-// Indexer query: RoPE on dims [64, 128) (rounded to bf16), per-(token, head) power-of-two fp8 quantization, the q
-// scale folded into the head weight. One warp per (token, head) row.
+// Indexer query: RoPE on dims [64, 128) (rounded to bf16), then per-(token, head) power-of-two fp8 quantization with
+// the q scale folded into the head weight, or MXFP4 per 32 dims with the UE8M0 bytes beside the codes (the weight
+// then carries no q scale). One warp per (token, head) row.
 #include "cuda/launchers.h"
-#include "cuda/portable/records.cuh"
+#include "cuda/portable/mxfp4.cuh"
 
 namespace dsv4::cuda {
 namespace {
@@ -17,9 +18,14 @@ __global__ void __launch_bounds__(kRowBlockThreads) indexer_q_rope_quant_kernel(
     load_lanes(p.q, p.dtype, t * p.q_stride_t + h * p.q_stride_h, x);
     rope_lanes<kIndexerNopeDim>(x, p.rope, pos, 1.0f);
     round_lanes_bf16(x, kIndexerNopeDim / kWarpSize, kSteps);  // the NoPE half keeps q's values
+    const float w = p.weights[t * p.w_stride_t + h];
+    if (p.query_format == IndexerFormat::mxfp4) {
+      mxfp4_store_lanes(p.q_fp8 + r * kIndexerFp4DataBytes, p.q_scale_out + r * kIndexerFp4ScaleBytes, x);
+      if (lane_id() == 0) p.weights_out[r] = w * p.softmax_scale * p.head_scale;
+      continue;
+    }
     const int e = indexer_quantize_lanes(x, p.q_fp8 + r * kIndexerHeadDim);
-    if (lane_id() == 0)
-      p.weights_out[r] = p.weights[t * p.w_stride_t + h] * exp2_int(e) * p.softmax_scale * p.head_scale;
+    if (lane_id() == 0) p.weights_out[r] = w * exp2_int(e) * p.softmax_scale * p.head_scale;
   }
 }
 

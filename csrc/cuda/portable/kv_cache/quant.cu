@@ -1,8 +1,8 @@
 // Generic cache writers and reader: MODEL1 / V32 / V4.1 fp8 / V4.1 fp4 quantize + insert (V4.1 in either placement),
-// their dequantizing gather to bf16, and the indexer K insert. One warp per row; rows are bf16-rounded before
-// quantizing, like the CPU kernels.
+// their dequantizing gather to bf16, and the indexer K insert (fp8 or MXFP4 keys). One warp per row; rows are
+// bf16-rounded before quantizing, like the CPU kernels.
 #include "cuda/launchers.h"
-#include "cuda/portable/records.cuh"
+#include "cuda/portable/mxfp4.cuh"
 
 namespace dsv4::cuda {
 namespace {
@@ -50,13 +50,12 @@ __global__ void __launch_bounds__(kRowBlockThreads) dequantize_kv_gather_kernel(
 
 __global__ void __launch_bounds__(kRowBlockThreads) indexer_k_quant_insert_kernel(IndexerKQuantInsertParams p) {
   for (int64_t t = first_warp_row(); t < p.num_tokens; t += warp_row_step()) {
-    const int64_t slot = index_at(p.slots, t);
-    uint8_t* codes = slot_entry(p.cache, slot, 0, kIndexerHeadDim);
-    if (!codes) continue;
+    const IndexerKeyBytes entry = indexer_key_entry(p.key_format, p.cache, index_at(p.slots, t));
+    if (!entry.data) continue;
     float x[lane_steps<kIndexerHeadDim>()];
     load_lanes(p.k, p.dtype, t * p.k_stride, x);
     round_lanes_bf16(x, 0, lane_steps<kIndexerHeadDim>());
-    indexer_k_store_lanes(codes, slot_entry(p.cache, slot, p.cache.block_size * kIndexerHeadDim, 4), x);
+    indexer_key_store_lanes(p.key_format, entry, x);
   }
 }
 

@@ -457,11 +457,13 @@ __global__ void __launch_bounds__(kThreads) indexer_scores_kernel(const Params p
 
 int heads_padded(int64_t heads) { return heads <= 16 ? 16 : heads <= 32 ? 32 : heads <= 64 ? 64 : 128; }
 
-// Whether the Hopper kernel takes these scores; otherwise the portable tier does (same contract).
-bool covered(int64_t heads, int64_t head_dim, int64_t rows_per_group, const PagedCache& cache) {
-  const int64_t cols = int64_t(heads_padded(heads)) * rows_per_group;
-  return head_dim == kDim && heads >= 1 && heads <= kMaxCols && cols <= kMaxCols && pages_aligned(cache, 4) &&
-         cache.block_size >= 1;
+// Whether the Hopper kernel takes these scores; otherwise the portable tier does (same contract). It reads fp8
+// keys and e4m3 queries only: mxfp4 ones go to the portable kernels.
+template <typename Params>
+bool covered(const Params& p, int64_t rows_per_group) {
+  const int64_t cols = int64_t(heads_padded(p.num_heads)) * rows_per_group;
+  return p.key_format == IndexerFormat::fp8 && p.q_scale == nullptr && p.head_dim == kDim && p.num_heads >= 1 &&
+         p.num_heads <= kMaxCols && cols <= kMaxCols && pages_aligned(p.cache, 4) && p.cache.block_size >= 1;
 }
 
 // Chunks of equal length in whole waves: CTAs resident at once times the fewest waves that keep chunks within
@@ -525,7 +527,7 @@ namespace dsv4::cuda {
 cudaError_t launch_fp8_paged_mqa_logits_sm90(const PagedMqaLogitsParams& p, cudaStream_t stream) {
   using namespace sm90;
   // Columns of 16 heads or more pad small next_n * heads up to 64: the portable tier takes wider groups.
-  if (!covered(p.num_heads, p.head_dim, p.next_n, p.cache) || p.batch * p.next_n <= 0 || p.max_context_len <= 0 ||
+  if (!covered(p, p.next_n) || p.batch * p.next_n <= 0 || p.max_context_len <= 0 ||
       p.max_context_len > INT32_MAX ||
       (heads_padded(p.num_heads) < 64 && heads_padded(p.num_heads) * p.next_n > 64)) {
     return launch_fp8_paged_mqa_logits(p, stream);
@@ -536,7 +538,7 @@ cudaError_t launch_fp8_paged_mqa_logits_sm90(const PagedMqaLogitsParams& p, cuda
 // Rows go through the workspace in chunks of workspace_rows: the Hopper scores, then the portable tier's select.
 cudaError_t launch_fp8_paged_mqa_topk_sm90(const PagedMqaTopkParams& p, cudaStream_t stream) {
   using namespace sm90;
-  if (!covered(p.num_heads, p.head_dim, 1, p.cache)) return launch_fp8_paged_mqa_topk(p, stream);
+  if (!covered(p, 1)) return launch_fp8_paged_mqa_topk(p, stream);
   const int64_t width = std::min<int64_t>(p.max_blocks * p.cache.block_size, INT32_MAX);
   for (int64_t first = 0; first < p.rows; first += p.workspace_rows) {
     PagedMqaTopkParams chunk = p;
