@@ -32,9 +32,11 @@ rc=0
 if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
   start=$(date +%s)
   [ "${GPU_CHECK_FULL_GRID:-0}" = 1 ] && export DSV4_FULL_GRID=1
-  # One pytest worker per core, each with one intra-op thread: the references' CPU work, not the GPU, sets the pace.
-  xdist=$($PY -c "import xdist" 2>/dev/null && echo "-n $JOBS")
-  [ -n "$xdist" ] && export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+  # A pytest worker per two cores, two intra-op threads each: the references' CPU work sets the pace, and workers
+  # with a thread per core each would oversubscribe the cores many times over.
+  workers=$(( JOBS > 3 ? JOBS / 2 : 1 ))
+  xdist=$($PY -c "import xdist" 2>/dev/null && echo "-n $workers")
+  [ -n "$xdist" ] && export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
   # Under a time limit (GPU_CHECK_TEST_TIMEOUT seconds, default 420), so that a slow or stuck test still leaves the
   # bench its turn; -v logs each test as it ends (a cut run shows which had not), --durations the slowest of a run.
   # shellcheck disable=SC2086
