@@ -108,7 +108,7 @@ def model1_pages(rows: int) -> torch.Tensor:
 def decode_bytes_per_query(heads: int, compressed: int, main_record: int, extra_record: int) -> int:
     """Bytes a decode reads and writes per query token: the window's records in the main cache, the compressed
     entries' in the extra cache, an int32 index per entry, the bf16 query in and the bf16 output out."""
-    return (SLIDING_WINDOW * (main_record + 4) + compressed * (extra_record + 4) + 4 * heads * MODEL1_HEAD_DIM)
+    return SLIDING_WINDOW * (main_record + 4) + compressed * (extra_record + 4) + 4 * heads * MODEL1_HEAD_DIM
 
 
 def decode_flops_per_query(heads: int, compressed: int) -> int:
@@ -286,9 +286,9 @@ class RecordRoofline:
     compute_ns: float  # per query token at peak bf16 FLOP/s
 
 
-# The decode records at the Flash shape: (name, main record bytes, extra record bytes).
-DECODE_RECORDS = (("V4.0 MODEL1 584 + 584", 584, 584), ("V4.1 fp8 528 + fp4 288", 528, 288),
-                  ("V4.1 fp8 528 + fp8 528", 528, 528))
+# The decode records: (label with the main and extra records' sizes to fill in, main layout, extra layout).
+DECODE_RECORDS = (("V4.0 MODEL1 {} + {}", "model1", "model1"), ("V4.1 fp8 {} + fp4 {}", "v41_fp8", "v41_fp4"),
+                  ("V4.1 fp8 {} + fp8 {}", "v41_fp8", "v41_fp8"))
 
 
 def record_rooflines(heads: int = FLASH[0], compressed: int = FLASH[1]) -> list[RecordRoofline]:
@@ -296,9 +296,11 @@ def record_rooflines(heads: int = FLASH[0], compressed: int = FLASH[1]) -> list[
     roofline: the floor a decode of that record can approach, whatever the batch."""
     flops = decode_flops_per_query(heads, compressed)
     rows = []
-    for name, main_record, extra_record in DECODE_RECORDS:
+    for label, main_layout, extra_layout in DECODE_RECORDS:
+        main_record, extra_record = cache.KV_LAYOUTS[main_layout], cache.KV_LAYOUTS[extra_layout]
         moved = decode_bytes_per_query(heads, compressed, main_record, extra_record)
-        rows.append(RecordRoofline(name, moved, moved / PEAK_TBPS / 1e3, flops / PEAK_TFLOPS / 1e3))
+        rows.append(RecordRoofline(label.format(main_record, extra_record), moved, moved / PEAK_TBPS / 1e3,
+                                   flops / PEAK_TFLOPS / 1e3))
     return rows
 
 
@@ -355,7 +357,7 @@ def batch1_breakdown(quick: bool) -> list[LatencyPart]:
     parts = [LatencyPart("-", "launch floor: one tiny kernel", replay_us(lambda: tiny.add_(1), replays, flush.zero_))]
     for case in (decode_case(1, *FLASH, "V4-Flash"), v41_decode_case(1, *FLASH, "v41_fp4", "V4.1-Flash")):
         name = f"{case.op} {case.shape}"
-        parts.append(LatencyPart(name, "whole call (graph replay)", time_cold(case, replays)))
+        parts.append(LatencyPart(name, "whole call (graph replay)", replay_us(case.run, replays, flush.zero_)))
         parts.append(LatencyPart(name, "split plan (per step, outside the call)", replay_us(case.plan, replays,
                                                                                             flush.zero_)))
         try:
